@@ -1,0 +1,1 @@
+"""Evaluation: generation, calibration and error-correction metrics."""
