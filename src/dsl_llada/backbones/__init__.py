@@ -1,0 +1,72 @@
+"""Backbone registry: native LLaDA, Dream and generic Hugging Face bidirectional models.
+
+`load_backbone(path)` reads `config.json` and dispatches on its `model_type`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..checkpoint import read_json
+from .base import Backbone, CheckpointError, SpecialTokens
+from .llada import LLaDABackbone, LLaDAConfig, tiny_llada_config
+
+Loader = Callable[..., Backbone]
+_LOADERS: dict[str, Loader] = {"llada": LLaDABackbone.from_pretrained}
+
+
+def register_backbone(model_type: str, loader: Loader) -> None:
+    """Make `load_backbone` dispatch `config.json` files with this `model_type` to `loader`."""
+    _LOADERS[model_type.lower()] = loader
+
+
+def _generic_loader() -> Loader | None:
+    try:
+        from .hf import load_hf_backbone  # noqa: PLC0415  (optional module; imports transformers)
+    except ImportError:
+        return None
+    return load_hf_backbone
+
+
+def _dream_loader() -> Loader | None:
+    try:
+        from .hf import DreamBackbone  # noqa: PLC0415
+    except ImportError:
+        return None
+    return DreamBackbone.from_pretrained
+
+
+def load_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> Backbone:
+    """Load a backbone folder by local path (hub downloads are the caller's choice: see `resolve_model_path`)."""
+    path = Path(path)
+    cfg = read_json(path / "config.json", "model config")
+    model_type = str(cfg.get("model_type", "")).lower()
+    loader = _LOADERS.get(model_type)
+    if loader is None and model_type == "dream":
+        loader = _dream_loader()
+    if loader is None:
+        loader = _generic_loader()
+    if loader is None:
+        raise CheckpointError(f"no backbone loader for model_type={model_type!r} in {path}/config.json; "
+                              f"known: {sorted(_LOADERS)} (+ 'dream' and generic transformers models)")
+    return loader(path, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+
+
+def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Path:
+    """A local folder as is; a hub id only when `allow_download` (then via huggingface_hub.snapshot_download)."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        return p
+    if not allow_download:
+        raise CheckpointError(f"{name_or_path!r} is not a local folder; pass --allow-download to fetch a hub id")
+    from huggingface_hub import snapshot_download  # noqa: PLC0415
+
+    return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+
+
+__all__ = ["Backbone", "CheckpointError", "LLaDABackbone", "LLaDAConfig", "SpecialTokens", "load_backbone",
+           "register_backbone", "resolve_model_path", "tiny_llada_config"]

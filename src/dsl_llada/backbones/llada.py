@@ -1,0 +1,311 @@
+"""Native LLaDA implementation (no remote code) that reads Hugging Face LLaDA checkpoints as published.
+
+Forward math (llada-arch.md §2.3): pre-norm blocks with RMSNorm computed in fp32 (cast back, then scaled),
+separate q/k/v projections, RoPE (rotate-half, theta from config) in fp32 on all head dims, fully
+bidirectional SDPA with an optional padding mask, SwiGLU-style MLP with SiLU on `ff_proj` times `up_proj`,
+final `ln_f`, untied LM head `ff_out` (or `wte` when weight_tying). Parameter names equal the checkpoint keys
+(`model.transformer.*`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoint import check_keys, read_json, read_tensors, checkpoint_files
+from .base import Backbone, CheckpointError, SpecialTokens, padding_to_additive_mask
+
+
+@dataclass
+class LLaDAConfig:
+    """The fields of LLaDA's config.json this implementation honours (names exactly as in the file)."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    n_kv_heads: int | None = None
+    mlp_hidden_size: int | None = None
+    mlp_ratio: int = 4
+    embedding_size: int | None = None
+    weight_tying: bool = False
+    rope_theta: float = 500000.0
+    max_sequence_length: int = 4096
+    rms_norm_eps: float = 1e-5
+    include_bias: bool = False
+    include_qkv_bias: bool = False
+    mask_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eot_token_id: int | None = None
+
+    REQUIRED = ("d_model", "n_layers", "n_heads", "vocab_size")
+    # Values the reference code supports but this implementation does not; refusing beats a silently wrong model.
+    UNSUPPORTED = {
+        "alibi": (False,), "rope": (True,), "block_type": ("llama",), "layer_norm_type": ("rms",),
+        "activation_type": ("silu", "swiglu"), "attention_layer_norm": (False,), "input_emb_norm": (False,),
+        "scale_logits": (False,), "layer_norm_with_affine": (True,), "bias_for_layer_norm": (False, None),
+        "block_group_size": (1,), "multi_query_attention": (None, False),
+    }
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.embedding_size is None:
+            self.embedding_size = self.vocab_size
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"head dim {self.d_model // self.n_heads} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.mlp_hidden_size if self.mlp_hidden_size else self.mlp_ratio * self.d_model
+
+    @classmethod
+    def from_hf_dict(cls, data: dict[str, Any], where: str = "config.json") -> "LLaDAConfig":
+        missing = [k for k in cls.REQUIRED if k not in data]
+        if missing:
+            raise CheckpointError(f"{where} lacks required LLaDA field(s) {missing}")
+        for k, allowed in cls.UNSUPPORTED.items():
+            if k in data and data[k] not in allowed:
+                raise CheckpointError(f"{where}: {k}={data[k]!r} is not supported (supported: {list(allowed)})")
+        kwargs = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}
+        return cls(**kwargs)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(model_type="llada", architectures=["LLaDAModelLM"], block_type="llama", layer_norm_type="rms",
+                 activation_type="silu", rope=True, alibi=False, block_group_size=1, layer_norm_with_affine=True,
+                 bias_for_layer_norm=False, attention_layer_norm=False, input_emb_norm=False, scale_logits=False,
+                 use_cache=False)
+        return d
+
+    def special_tokens(self) -> SpecialTokens:
+        missing = [k for k in ("mask_token_id", "eos_token_id") if getattr(self, k) is None]
+        if missing:
+            raise CheckpointError(
+                f"LLaDA config lacks special token id(s) {missing}; add them to config.json or pass "
+                f"special=SpecialTokens(mask=..., eos=...) explicitly")
+        return SpecialTokens(mask=self.mask_token_id, eos=self.eos_token_id, eot=self.eot_token_id,
+                             pad=self.pad_token_id, bos=self.bos_token_id)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def rotate_half(t: torch.Tensor) -> torch.Tensor:
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((-t2, t1), dim=-1)
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        d, hd, bias = cfg.d_model, cfg.head_dim, cfg.include_bias
+        qkv_bias = cfg.include_bias or cfg.include_qkv_bias
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, hd
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=bias)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.ff_proj = nn.Linear(d, cfg.ffn_hidden, bias=bias)
+        self.up_proj = nn.Linear(d, cfg.ffn_hidden, bias=bias)
+        self.ff_out = nn.Linear(cfg.ffn_hidden, d, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        B, L, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
+        k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype), is_causal=False)
+        x = x + self.attn_out(a.transpose(1, 2).reshape(B, L, -1))
+        h = self.ff_norm(x)
+        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+
+
+class LLaDABackbone(Backbone):
+    """LLaDA (8B-Instruct layout, any size) with parameters named exactly as the HF checkpoint keys."""
+
+    family = "llada"
+
+    def __init__(self, cfg: LLaDAConfig, special: SpecialTokens | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.special = special or cfg.special_tokens()
+        self.special.validate(cfg.embedding_size)
+        t = nn.Module()
+        t.wte = nn.Embedding(cfg.embedding_size, cfg.d_model)
+        t.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
+        t.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        if not cfg.weight_tying:
+            t.ff_out = nn.Linear(cfg.d_model, cfg.embedding_size, bias=cfg.include_bias)
+        self.model = nn.Module()
+        self.model.transformer = t
+        self.gradient_checkpointing = False
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- Backbone contract -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.embedding_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.d_model
+
+    @property
+    def max_length(self) -> int | None:
+        return self.cfg.max_sequence_length
+
+    def input_embeddings(self) -> nn.Embedding:
+        return self.model.transformer.wte
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_hf_dict()
+
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Random init for tests and benchmarks: N(0, std) weights, zero biases, unit norms."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+    def _rope(self, L: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (L, str(device))
+        if key not in self._rope_cache:
+            hd = self.cfg.head_dim
+            inv = self.cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
+            freqs = torch.outer(torch.arange(L, dtype=torch.float32, device=device), inv)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cache = {key: (emb.cos()[None, None], emb.sin()[None, None])}
+        return self._rope_cache[key]
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        t = self.model.transformer
+        x = inputs_embeds
+        cos, sin = self._rope(x.shape[1], x.device)
+        bias = padding_to_additive_mask(attention_mask, torch.float32)
+        for blk in t.blocks:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin, bias, use_reentrant=False)
+            else:
+                x = blk(x, cos, sin, bias)
+        x = t.ln_f(x)
+        head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
+        logits = F.linear(x, head)
+        if not self.cfg.weight_tying and t.ff_out.bias is not None:
+            logits = logits + t.ff_out.bias
+        return logits
+
+    def lm_head(self) -> nn.Module:
+        t = self.model.transformer
+        return t.wte if self.cfg.weight_tying else t.ff_out
+
+    # -- checkpoint I/O ------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                        special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> "LLaDABackbone":
+        """Load a Hugging Face LLaDA checkpoint folder (config.json + safetensors, sharded or not)."""
+        path = Path(path)
+        data = read_json(path / "config.json", "LLaDA config")
+        if data.get("model_type", "llada") != "llada":
+            raise CheckpointError(f"{path}/config.json has model_type={data.get('model_type')!r}, expected 'llada'")
+        cfg = LLaDAConfig.from_hf_dict(data, where=str(path / "config.json"))
+        if special is None:
+            special = special_tokens_from_folder(path, cfg)
+        with torch.device("meta"):
+            model = cls(cfg, special)
+        expected = list(model.state_dict().keys())
+        files = checkpoint_files(path)
+        found = [k for k in files if not any(k.startswith(p) for p in extra_keys_ok)]
+        check_keys(expected, found, str(path))
+        state = read_tensors(path, expected, dtype=dtype, device=device)
+        for k, v in state.items():
+            want = model.state_dict()[k].shape
+            if tuple(v.shape) != tuple(want):
+                raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(want)}")
+        model.load_state_dict(state, assign=True)
+        return model.to(device=device)
+
+    def save_config(self, folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def tiny_llada_config(vocab_size: int = 64, *, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
+                      n_kv_heads: int | None = None, mlp_hidden_size: int | None = None, max_sequence_length: int = 256,
+                      mask_token_id: int | None = None, eos_token_id: int | None = None, eot_token_id: int | None = None,
+                      bos_token_id: int | None = None, rope_theta: float = 500000.0) -> LLaDAConfig:
+    """A LLaDA-shaped config for tests, benchmarks and the toy world (special ids default to the last rows)."""
+    mask = vocab_size - 1 if mask_token_id is None else mask_token_id
+    eos = vocab_size - 2 if eos_token_id is None else eos_token_id
+    return LLaDAConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, vocab_size=vocab_size,
+                       mlp_hidden_size=mlp_hidden_size or int(math.ceil(8 * d_model / 3 / 8) * 8),
+                       max_sequence_length=max_sequence_length, mask_token_id=mask, eos_token_id=eos,
+                       pad_token_id=eos, eot_token_id=eot_token_id, bos_token_id=bos_token_id, rope_theta=rope_theta)
+
+
+def _added_token_ids(folder: Path) -> dict[str, int]:
+    """token string -> id from tokenizer_config.json's added_tokens_decoder (empty when absent)."""
+    p = folder / "tokenizer_config.json"
+    if not p.exists():
+        return {}
+    try:
+        dec = json.loads(p.read_text()).get("added_tokens_decoder", {})
+    except json.JSONDecodeError:
+        return {}
+    return {v["content"]: int(k) for k, v in dec.items() if isinstance(v, dict) and "content" in v}
+
+
+def special_tokens_from_folder(folder: Path, cfg: LLaDAConfig) -> SpecialTokens:
+    """Special ids from config.json, completed from generation_config.json (bos) and the tokenizer's added
+    tokens (`<|eot_id|>`, `<|startoftext|>`) when the folder has them."""
+    base = cfg.special_tokens()
+    added = _added_token_ids(folder)
+    eot = base.eot if base.eot is not None else added.get("<|eot_id|>")
+    bos = base.bos
+    gen = folder / "generation_config.json"
+    if bos is None and gen.exists():
+        try:
+            bos = json.loads(gen.read_text()).get("bos_token_id")
+        except json.JSONDecodeError:
+            bos = None
+    if bos is None:
+        bos = added.get("<|startoftext|>")
+    return SpecialTokens(mask=base.mask, eos=base.eos, eot=eot, pad=base.pad, bos=bos)

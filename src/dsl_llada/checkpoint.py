@@ -1,0 +1,133 @@
+"""Hugging Face-style checkpoint folders: config JSON + safetensors, sharded with an index when large.
+
+Only safetensors is read or written (never pickle). Writes are atomic at the folder level: a crash leaves
+either the previous folder or the complete new one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .backbones.base import CheckpointError
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write tensors into `folder` (which must already exist); shards + index when larger than `max_shard_bytes`.
+
+    Tensors sharing storage are written as separate copies (safetensors forbids aliasing). Returns file names.
+    """
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    seen: dict[tuple[int, int], str] = {}
+    for k, v in tensors.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        if key in seen:
+            tensors[k] = v.clone()
+        else:
+            seen[key] = k
+    total = sum(_nbytes(v) for v in tensors.values())
+    if total <= max_shard_bytes:
+        save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        return [WEIGHTS_NAME]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k in sorted(tensors):
+        v = tensors[k]
+        if shards[-1] and size + _nbytes(v) > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += _nbytes(v)
+    n = len(shards)
+    weight_map: dict[str, str] = {}
+    names = []
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{n:05d}.safetensors"
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        names.append(name)
+        weight_map.update({k: name for k in shard})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def checkpoint_files(folder: str | Path) -> dict[str, Path]:
+    """Map every tensor name of a checkpoint folder to the safetensors file holding it."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
+    index = folder / INDEX_NAME
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no 'weight_map' object")
+        return {k: folder / v for k, v in weight_map.items()}
+    single = folder / WEIGHTS_NAME
+    if single.exists():
+        with safe_open(str(single), framework="pt") as f:
+            return {k: single for k in f.keys()}
+    found = sorted(p.name for p in folder.iterdir())
+    hint = " (.bin/.pt pickles are not loaded: convert them to safetensors)" if any(
+        n.endswith((".bin", ".pt", ".pth")) for n in found) else ""
+    raise CheckpointError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {str(folder)!r}; found {found[:10]}{hint}")
+
+
+def read_tensors(folder: str | Path, names: Iterable[str] | None = None, *, dtype: torch.dtype | None = None,
+                 device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Read (a subset of) the tensors of a checkpoint folder, optionally casting floating tensors to `dtype`."""
+    files = checkpoint_files(folder)
+    wanted = list(files) if names is None else list(names)
+    missing = [k for k in wanted if k not in files]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(folder)!r} lacks tensor(s) {missing[:5]}")
+    by_file: dict[Path, list[str]] = {}
+    for k in wanted:
+        by_file.setdefault(files[k], []).append(k)
+    out: dict[str, torch.Tensor] = {}
+    for path, keys in by_file.items():
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for k in keys:
+                t = f.get_tensor(k)
+                if dtype is not None and t.is_floating_point():
+                    t = t.to(dtype)
+                out[k] = t
+    return out
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.exists():
+        raise CheckpointError(f"{what} {str(path)!r} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} {str(path)!r} must hold a JSON object")
+    return data
+
+
+def check_keys(expected: Iterable[str], found: Iterable[str], where: str, *, optional: Iterable[str] = ()) -> None:
+    """Raise one clear error when a checkpoint has unknown keys or lacks required ones."""
+    exp, got, opt = set(expected), set(found), set(optional)
+    unknown = sorted(got - exp - opt)
+    missing = sorted(exp - got)
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"unknown key(s) {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        if missing:
+            parts.append(f"missing key(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(f"unrecognised checkpoint layout in {where}: " + "; ".join(parts))

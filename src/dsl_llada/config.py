@@ -1,0 +1,287 @@
+"""Typed configuration: one dataclass per concern, validated on construction, JSON round-trippable.
+
+Every artifact (checkpoint, sample file, report) stores the config that produced it, and
+``Config.from_dict(cfg.to_dict()) == cfg`` holds for every config here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from .utils import atomic_write_text
+
+C = TypeVar("C", bound="ConfigBase")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the value and what would be valid."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> None:
+    _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
+
+
+class ConfigBase:
+    """Mixin: dict/JSON round trip for (possibly nested) config dataclasses."""
+
+    _nested: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if isinstance(v, ConfigBase):
+                v = v.to_dict()
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+        kwargs: dict[str, Any] = {}
+        for k, v in data.items():
+            sub = cls._nested.get(k)
+            if sub is not None and isinstance(v, dict):
+                v = sub.from_dict(v)
+            elif isinstance(v, list) and isinstance(names[k].default, tuple):
+                v = tuple(v)
+            kwargs[k] = v
+        return cls(**kwargs)
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(Path(path), self.to_json() + "\n")
+
+    @classmethod
+    def load(cls: type[C], path: str | Path) -> C:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class ConverterConfig(ConfigBase):
+    """The noise embedding and the softmax converter h = softmax(beta * z K^T + b) W + c."""
+
+    noise_dim: int = 100
+    """d, the dimension of the unit-sphere noise embedding (paper: 100; authors' code default 48)."""
+    noise_init: Literal["random", "pca"] = "random"
+    """'random': iid N(0, I) rows normalised to unit norm; 'pca': top-d PCA directions of the centred wte."""
+    noise_seed: int = 42
+    """Seed of the generator used for the random noise-embedding init (all ranks agree)."""
+    trainable_noise_embed: bool = True
+    """Paper: trainable, re-normalised to the unit sphere in every forward. False = authors' frozen embedding."""
+    layout: Literal["released", "paper"] = "released"
+    """'released': mask-slot key is a fixed zero row, mask logit bias starts at ln V, value bias c present
+    (the published DSL-LLaDA checkpoints). 'paper': a learned, trainable mask key row (initialised to zeros,
+    so the start is identical to 'released') and no value bias."""
+    beta_init: float = 1.0
+    """Initial converter sharpness beta (paper primary model: 1.0; authors' code default 5.0)."""
+    value_bias_init: Literal["zeros", "torch_default"] = "zeros"
+    """Init of the value bias c (released layout only): 'torch_default' = U(+-1/sqrt(V+1)) as the authors."""
+    residual: bool = False
+    """Enable the optional residual ('Highpass') path W_r z_high + b_r of the released Highpass checkpoint."""
+    token_chunk: int = 256
+    """Tokens per chunk of the fp32 (V+1)-way softmax; bounds memory at large V and L (0 = no chunking)."""
+    checkpoint_chunks: bool = True
+    """Under autograd, recompute each chunk's softmax in backward instead of storing (B*L, V+1) probabilities."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.noise_dim, int) and self.noise_dim >= 1, f"noise_dim={self.noise_dim!r} must be an int >= 1")
+        _choice("noise_init", self.noise_init, ("random", "pca"))
+        _choice("layout", self.layout, ("released", "paper"))
+        _choice("value_bias_init", self.value_bias_init, ("zeros", "torch_default"))
+        _check(math.isfinite(self.beta_init) and self.beta_init > 0, f"beta_init={self.beta_init!r} must be a finite float > 0")
+        _check(self.token_chunk >= 0, f"token_chunk={self.token_chunk!r} must be >= 0 (0 disables chunking)")
+
+
+@dataclass(frozen=True)
+class DSLConfig(ConfigBase):
+    """Everything that defines a DSL model besides the backbone weights; saved as `dsl_config.json`."""
+
+    converter: ConverterConfig = field(default_factory=ConverterConfig)
+    """Converter and noise-embedding settings."""
+    context_embedding: Literal["converter", "wte"] = "converter"
+    """Clean context/committed positions: 'converter' = the converter's value column W[:, c] (+ c bias), as the
+    paper's Algorithm 2 (W_backbone[c_i]); 'wte' = the backbone's original input embedding (authors' code)."""
+    backbone_type: str = "llada"
+    """Registry name of the backbone family ('llada', 'dream', 'hf')."""
+
+    _nested: ClassVar[dict[str, type]] = {"converter": ConverterConfig}
+
+    def __post_init__(self) -> None:
+        _choice("context_embedding", self.context_embedding, ("converter", "wte"))
+
+
+ScheduleName = Literal["sensitive", "paper-exact", "uniform"]
+
+
+@dataclass(frozen=True)
+class SDEConfig(ConfigBase):
+    """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference')."""
+
+    nfe: int = 64
+    """Solver model evaluations N (even); S = N/2 Heun steps; forward passes actually run = N + 1."""
+    gen_length: int = 256
+    """Response length L in tokens."""
+    schedule: ScheduleName = "sensitive"
+    """'sensitive' (authors' floors: NFE <= 16 ends at gamma 74), 'paper-exact' (always ends at gamma_max), 'uniform'."""
+    gamma_min: float = 0.01
+    """First SNR of the schedule."""
+    gamma_max: float = 100.0
+    """Last SNR of the schedule."""
+    eta: float | None = None
+    """Stochastic scale; None = by NFE (0.10 <= 8, 0.05 <= 16, 0.01 <= 32, 0.005 otherwise); 0 = deterministic."""
+    top_m: int = 512
+    """Top-M tokens kept (renormalised) in the posterior-mean denoiser; 0 = full softmax."""
+    beta_scale: float = 2.0
+    """beta_inf = beta_scale * trained beta (paper 'inference converter multiplier' 2.0)."""
+    beta_absolute: float | None = None
+    """If set, beta_inf = this value regardless of the trained beta (authors' Block-SDE/registry scripts use 2.0)."""
+    predictor_noise: bool = False
+    """Authors' code: also add g*dW to the Euler predictor, reusing the same dW in the corrector."""
+    truncate_at_eos: bool = True
+    """Cut the response at the first EOS/EoT (paper). False keeps every position (authors decode with skip_special_tokens)."""
+    block_length: int = 0
+    """Block SDE: blocks of B tokens left to right (0 = whole response at once)."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
+               f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
+        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
+        _choice("schedule", self.schedule, ("sensitive", "paper-exact", "uniform"))
+        _check(0 < self.gamma_min < self.gamma_max, f"need 0 < gamma_min < gamma_max, got {self.gamma_min!r}, {self.gamma_max!r}")
+        _check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
+        _check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
+        _check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")
+        _check(self.beta_absolute is None or self.beta_absolute > 0, f"beta_absolute={self.beta_absolute!r} must be > 0 or None")
+        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        if self.block_length:
+            _check(self.gen_length % self.block_length == 0,
+                   f"gen_length={self.gen_length} is not divisible by block_length={self.block_length}")
+
+    @property
+    def steps(self) -> int:
+        return self.nfe // 2
+
+    def resolved_eta(self) -> float:
+        if self.eta is not None:
+            return self.eta
+        return eta_for_nfe(self.nfe)
+
+
+def eta_for_nfe(nfe: int) -> float:
+    """The paper's NFE-tied noise scale: 0.10 (<= 8), 0.05 (<= 16), 0.01 (<= 32), 0.005 otherwise."""
+    if nfe <= 8:
+        return 0.10
+    if nfe <= 16:
+        return 0.05
+    if nfe <= 32:
+        return 0.01
+    return 0.005
+
+
+@dataclass(frozen=True)
+class RemaskConfig(ConfigBase):
+    """LLaDA `generate()`-style discrete remasking (and ReMDM when `remdm=True`)."""
+
+    steps: int = 64
+    """Total denoising steps (= forward passes without CFG)."""
+    gen_length: int = 256
+    """Response length in tokens."""
+    block_length: int = 0
+    """Semi-autoregressive block length (0 = one block of gen_length; clamped to gen_length)."""
+    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    """Which masked positions are committed each step."""
+    temperature: float = 0.0
+    """Gumbel-max sampling temperature in float64 (0 = greedy argmax)."""
+    cfg_scale: float = 0.0
+    """Classifier-free guidance: logits = un + (s+1)(cond - un) with the prompt masked in the unconditional copy."""
+    eos_inf: bool = False
+    """EOS logit set to -inf at every step ('LLaDA+EOS')."""
+    eos_inf_include_eot: bool = False
+    """Also block the end-of-turn token when eos_inf / suppression is on (authors block EOS only)."""
+    eos_suppress_ratio: float = 0.0
+    """Suppress EOS and EoT only during the first fraction of each block's steps (0 = off)."""
+    remdm: bool = False
+    """ReMDM-conf-loop remasking of already-committed tokens inside the loop window."""
+    remdm_t_on: float = 0.55
+    remdm_t_off: float = 0.05
+    remdm_alpha_loop: float = 0.9
+    remdm_authors_quota: bool = False
+    """Reproduce the authors' flaw: keep the original quota so remasked tokens can stay masked at the end."""
+    truncate_at_eos: bool = True
+    """Cut the response at the first EOS/EoT."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"steps={self.steps!r} must be >= 1")
+        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
+        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        _choice("remasking", self.remasking, ("low_confidence", "random"))
+        _check(self.temperature >= 0, f"temperature={self.temperature!r} must be >= 0")
+        _check(self.cfg_scale >= 0, f"cfg_scale={self.cfg_scale!r} must be >= 0")
+        _check(0 <= self.eos_suppress_ratio <= 1, f"eos_suppress_ratio={self.eos_suppress_ratio!r} must be in [0, 1]")
+        _check(0 <= self.remdm_t_off < self.remdm_t_on <= 1,
+               f"need 0 <= remdm_t_off < remdm_t_on <= 1, got {self.remdm_t_off!r}, {self.remdm_t_on!r}")
+        _check(0 < self.remdm_alpha_loop <= 1, f"remdm_alpha_loop={self.remdm_alpha_loop!r} must be in (0, 1]")
+        bl = self.effective_block_length
+        _check(self.gen_length % bl == 0, f"gen_length={self.gen_length} is not divisible by block_length={bl}")
+        n_blocks = self.gen_length // bl
+        _check(self.steps % n_blocks == 0,
+               f"steps={self.steps} must be divisible by the number of blocks {n_blocks} (gen_length/block_length)")
+
+    @property
+    def effective_block_length(self) -> int:
+        if self.block_length <= 0:
+            return self.gen_length
+        return min(self.block_length, self.gen_length)
+
+
+@dataclass(frozen=True)
+class SNRConfig(ConfigBase):
+    """Training SNR distribution (paper: 0.9 per-sequence LogNormal + 0.1 smoothed ROAR, decided per sequence)."""
+
+    distribution: Literal["mixture", "lognormal", "roar"] = "mixture"
+    """'mixture' (paper), 'lognormal' only, or 'roar' only (the ROAR-only ablation)."""
+    lognormal_mu: float = 1.69
+    """Mean of log gamma."""
+    lognormal_sigma: float = 0.9
+    """Std of log gamma."""
+    lognormal_clip: float = 40.0
+    """Upper clamp of the LogNormal draw (no lower clamp)."""
+    lognormal_per_token: bool = False
+    """False: one gamma per sequence (paper). True: iid per token (released `pertoken_b1` checkpoint)."""
+    roar_prob: float = 0.1
+    """Probability that a whole sequence uses smoothed ROAR instead of LogNormal (mixture only)."""
+    roar_clear_low: float = 80.0
+    roar_clear_high: float = 100.0
+    """Clear positions: gamma ~ U[roar_clear_low, roar_clear_high]."""
+    roar_unknown_high: float = 1.0
+    """Unknown positions: gamma ~ U[0, roar_unknown_high)."""
+
+    def __post_init__(self) -> None:
+        _choice("distribution", self.distribution, ("mixture", "lognormal", "roar"))
+        _check(self.lognormal_sigma > 0, f"lognormal_sigma={self.lognormal_sigma!r} must be > 0")
+        _check(self.lognormal_clip > 0, f"lognormal_clip={self.lognormal_clip!r} must be > 0")
+        _check(0 <= self.roar_prob <= 1, f"roar_prob={self.roar_prob!r} must be in [0, 1]")
+        _check(0 <= self.roar_clear_low <= self.roar_clear_high,
+               f"need 0 <= roar_clear_low <= roar_clear_high, got {self.roar_clear_low!r}, {self.roar_clear_high!r}")
+        _check(self.roar_unknown_high > 0, f"roar_unknown_high={self.roar_unknown_high!r} must be > 0")
