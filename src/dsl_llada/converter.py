@@ -1,0 +1,183 @@
+"""Unit-sphere noise embedding, the softmax converter, noisy states and the posterior-mean denoiser.
+
+Converter (paper §3.1, released-checkpoint layout in official-impl.md §1):
+    logits = beta * z K^T + b  (K = [E; k_mask], E = unit noise embedding rows, fp32)
+    pi     = softmax(logits)    over V + 1 slots (the last slot is [MASK])
+    h      = pi W^T + c         (W: (H, V+1) initialised from the backbone's input embedding, mask row last)
+The (V+1)-way softmax runs in fp32 and in token chunks so memory stays bounded at V=126,464 and long L.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .config import ConverterConfig
+
+
+class NoiseEmbedding(nn.Module):
+    """The (V, d) table of unit-norm token directions e_v (checkpoint key `noise_embed.weight`)."""
+
+    def __init__(self, vocab_size: int, dim: int, trainable: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim), requires_grad=trainable)
+
+    def unit(self) -> torch.Tensor:
+        """Rows re-normalised to the unit sphere (every forward, so a trainable table stays on the sphere)."""
+        return F.normalize(self.weight.float(), dim=-1)
+
+    @torch.no_grad()
+    def init_random(self, generator: torch.Generator) -> None:
+        w = torch.randn(self.weight.shape, generator=generator, dtype=torch.float32)
+        self.weight.copy_(F.normalize(w, dim=-1))
+
+    @torch.no_grad()
+    def init_pca(self, wte: torch.Tensor) -> None:
+        """Top-d principal directions of the centred input embedding, each row normalised to unit norm."""
+        x = wte.detach().to(torch.float64)
+        x = x - x.mean(0, keepdim=True)
+        d = self.weight.shape[1]
+        if d > x.shape[1]:
+            raise ValueError(f"noise_dim={d} exceeds the backbone hidden size {x.shape[1]} needed for PCA init")
+        _, vecs = torch.linalg.eigh(x.T @ x)
+        comps = vecs[:, -d:].flip(-1)
+        self.weight.copy_(F.normalize((x @ comps).float(), dim=-1))
+
+
+class Converter(nn.Module):
+    """h = softmax(beta * z K^T + b) W^T + c; parameter names follow the released checkpoints (`converter.*`)."""
+
+    def __init__(self, cfg: ConverterConfig, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size + 1))
+        self.backbone_embedding = nn.Linear(vocab_size + 1, hidden_size, bias=cfg.layout == "released")
+        self.beta = nn.Parameter(torch.tensor(float(cfg.beta_init)))
+        self.mask_key = nn.Parameter(torch.zeros(cfg.noise_dim)) if cfg.layout == "paper" else None
+        self.residual_proj = nn.Linear(cfg.noise_dim, hidden_size) if cfg.residual else None
+
+    @torch.no_grad()
+    def init_from_backbone(self, wte: torch.Tensor, mask_id: int) -> None:
+        """W = [wte^T | wte[mask]], mask logit bias ln V, beta = beta_init (official-impl.md §1.1)."""
+        V = self.vocab_size
+        if wte.shape[0] != V:
+            raise ValueError(f"input embedding has {wte.shape[0]} rows but the converter expects vocab_size={V}")
+        W = self.backbone_embedding.weight
+        W[:, :V].copy_(wte.T.to(W.dtype))
+        W[:, V].copy_(wte[mask_id].to(W.dtype))
+        if self.backbone_embedding.bias is not None:
+            if self.cfg.value_bias_init == "zeros":
+                self.backbone_embedding.bias.zero_()
+            else:
+                bound = 1.0 / math.sqrt(V + 1)
+                self.backbone_embedding.bias.uniform_(-bound, bound)
+        self.logit_bias.zero_()
+        self.logit_bias[V] = math.log(V)
+        self.beta.fill_(self.cfg.beta_init)
+        if self.mask_key is not None:
+            self.mask_key.zero_()
+        if self.residual_proj is not None:
+            self.residual_proj.weight.normal_(0.0, 0.01)
+            self.residual_proj.bias.zero_()
+
+    # -- the map -----------------------------------------------------------------------------------
+    def slot_logits(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """(N, d) states -> (N, V+1) fp32 converter logits."""
+        z32 = z.float()
+        tok = z32 @ E.T
+        if self.mask_key is None:
+            mask = torch.zeros_like(tok[:, :1])
+        else:
+            mask = (z32 @ self.mask_key.float())[:, None]
+        return beta.float() * torch.cat([tok, mask], dim=-1) + self.logit_bias.float()
+
+    def _chunk(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
+        W = self.backbone_embedding.weight
+        h = pi.to(W.dtype) @ W.T
+        if self.backbone_embedding.bias is not None:
+            h = h + self.backbone_embedding.bias
+        if self.residual_proj is not None:
+            z32 = z.float()
+            z_low = pi[:, : self.vocab_size] @ E
+            u = z_low / (z_low.norm(dim=-1, keepdim=True) + 1e-8)
+            z_high = z32 - (z32 * u).sum(-1, keepdim=True) * u
+            h = h + self.residual_proj(z_high.to(self.residual_proj.weight.dtype))
+        return h
+
+    def forward(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor | float | None = None) -> torch.Tensor:
+        """Convert states z (..., d) to backbone input embeddings (..., H).
+
+        `E` is the unit noise embedding (V, d) (pass `NoiseEmbedding.unit()`); `beta` overrides the trained
+        sharpness (inference uses beta_inf = 2 x trained beta).
+        """
+        b = self.beta if beta is None else torch.as_tensor(beta, dtype=torch.float32, device=z.device)
+        lead = z.shape[:-1]
+        flat = z.reshape(-1, z.shape[-1])
+        n = flat.shape[0]
+        step = self.cfg.token_chunk or n or 1
+        use_ckpt = self.cfg.checkpoint_chunks and torch.is_grad_enabled() and (
+            flat.requires_grad or any(p.requires_grad for p in self.parameters()) or E.requires_grad)
+        outs = []
+        for s in range(0, n, step):
+            zc = flat[s : s + step]
+            if use_ckpt:
+                outs.append(checkpoint(self._chunk, zc, E, b, use_reentrant=False))
+            else:
+                outs.append(self._chunk(zc, E, b))
+        h = torch.cat(outs, dim=0) if outs else flat.new_zeros(0, self.backbone_embedding.out_features)
+        return h.reshape(*lead, h.shape[-1])
+
+    def clean_embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The converter's output for a perfectly clean one-hot input: W[:, id] (+ c). Shape (..., H)."""
+        h = F.embedding(ids, self.backbone_embedding.weight.T)
+        if self.backbone_embedding.bias is not None:
+            h = h + self.backbone_embedding.bias
+        return h
+
+
+def noisy_states(E: torch.Tensor, ids: torch.Tensor, gamma: torch.Tensor | float,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """z = gamma * e_x + sqrt(gamma) * eps, eps ~ N(0, I_d); gamma scalar, (B,) per sequence or (B, L) per token.
+
+    Returned in fp32 (gamma and eps are kept in fp32, as the authors).
+    """
+    e = E[ids].float()
+    g = torch.as_tensor(gamma, dtype=torch.float32, device=e.device)
+    if g.dim() == 1:
+        if g.shape[0] != ids.shape[0]:
+            raise ValueError(f"per-sequence gamma has {g.shape[0]} entries for a batch of {ids.shape[0]}")
+        g = g[:, None]
+    elif g.dim() == 2 and tuple(g.shape) != tuple(ids.shape):
+        raise ValueError(f"per-token gamma shape {tuple(g.shape)} does not match ids shape {tuple(ids.shape)}")
+    g = g[..., None] if g.dim() > 0 else g
+    eps = torch.randn(e.shape, generator=generator, dtype=torch.float32, device=e.device)
+    return g * e + g.clamp_min(0).sqrt() * eps
+
+
+def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 1024) -> torch.Tensor:
+    """Clean-token embedding estimate ê = sum_{v in top-M} p̃_v e_v (paper §3.2). logits (..., V) -> (..., d) fp32.
+
+    top_m = 0 uses the full softmax. Renormalising the top-M probabilities equals a softmax over the top-M logits.
+    """
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.shape[-1] != E.shape[0]:
+        raise ValueError(f"logits have {flat.shape[-1]} classes but the noise embedding has {E.shape[0]} rows")
+    E32 = E.float()
+    outs = []
+    for s in range(0, flat.shape[0], chunk):
+        lc = flat[s : s + chunk].float()
+        if top_m and top_m < lc.shape[-1]:
+            vals, idx = lc.topk(top_m, dim=-1)
+            p = torch.softmax(vals, dim=-1)
+            outs.append(torch.einsum("nm,nmd->nd", p, E32[idx]))
+        else:
+            outs.append(torch.softmax(lc, dim=-1) @ E32)
+    out = torch.cat(outs, 0) if outs else flat.new_zeros(0, E.shape[1], dtype=torch.float32)
+    return out.reshape(*lead, E.shape[1])

@@ -1,0 +1,194 @@
+"""DSLModel = backbone + noise embedding + converter; continuous and discrete paths; checkpoints.
+
+Checkpoint layout (a Hugging Face-style folder), identical to the released DSL-LLaDA checkpoints:
+    config.json          the backbone's own config (LLaDA: model_type "llada")
+    dsl_config.json      DSLConfig (absent in released checkpoints: inferred from the tensors)
+    *.safetensors        backbone keys unchanged (`model.transformer.*`) + `noise_embed.weight`
+                         + `converter.{logit_bias, backbone_embedding.weight, backbone_embedding.bias, beta}`
+                         [+ `converter.residual_proj.*`] [+ `converter.mask_key` for the paper layout]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .backbones import load_backbone
+from .backbones.base import Backbone, CheckpointError, SpecialTokens
+from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, read_json, read_tensors, write_safetensors
+from .config import ConverterConfig, DSLConfig
+from .converter import Converter, NoiseEmbedding, posterior_mean
+from .utils import atomic_directory
+
+DSL_CONFIG_NAME = "dsl_config.json"
+DSL_PREFIXES = ("noise_embed.", "converter.", "log_snr_max")
+# Keys some released checkpoints carry that hold nothing we need (a second reference to the noise table,
+# and a vestigial frozen SNR maximum).
+IGNORED_DSL_KEYS = ("converter.embed.weight", "log_snr_max")
+
+
+class DSLModel(nn.Module):
+    """A masked-diffusion backbone adapted to continuous DSL states."""
+
+    def __init__(self, backbone: Backbone, config: DSLConfig | None = None):
+        super().__init__()
+        self.config = config or DSLConfig()
+        self.backbone = backbone
+        cc = self.config.converter
+        self.noise_embed = NoiseEmbedding(backbone.vocab_size, cc.noise_dim, trainable=cc.trainable_noise_embed)
+        self.converter = Converter(cc, backbone.vocab_size, backbone.hidden_size)
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def convert(cls, backbone: Backbone, config: DSLConfig | None = None) -> "DSLModel":
+        """A fresh DSL model around a pretrained backbone (noise embedding + converter initialised)."""
+        model = cls(backbone, config)
+        cc = model.config.converter
+        wte = backbone.input_embeddings().weight.detach()
+        dev, dt = wte.device, wte.dtype
+        model.noise_embed.to(dev)
+        model.converter.to(device=dev, dtype=dt)
+        with torch.no_grad():
+            model.converter.beta.data = model.converter.beta.data.float()
+            model.converter.logit_bias.data = model.converter.logit_bias.data.float()
+        if cc.noise_init == "pca":
+            model.noise_embed.init_pca(wte)
+        else:
+            model.noise_embed.init_random(torch.Generator().manual_seed(cc.noise_seed))
+        model.converter.init_from_backbone(wte, backbone.special.mask)
+        return model
+
+    # -- properties --------------------------------------------------------------------------------
+    @property
+    def special(self) -> SpecialTokens:
+        return self.backbone.special
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backbone.vocab_size
+
+    @property
+    def noise_dim(self) -> int:
+        return self.config.converter.noise_dim
+
+    @property
+    def trained_beta(self) -> float:
+        return float(self.converter.beta.detach())
+
+    def unit_noise(self) -> torch.Tensor:
+        """E: the (V, d) unit-norm noise embedding, fp32."""
+        return self.noise_embed.unit()
+
+    # -- paths -------------------------------------------------------------------------------------
+    def context_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Clean-token input embeddings for context / committed positions (per `context_embedding`)."""
+        if self.config.context_embedding == "wte":
+            return self.backbone.embed(ids)
+        return self.converter.clean_embedding(ids).to(self.backbone.input_embeddings().weight.dtype)
+
+    def embed_inputs(self, ids: torch.Tensor, z: torch.Tensor | None = None, state_mask: torch.Tensor | None = None,
+                     *, beta: float | torch.Tensor | None = None, E: torch.Tensor | None = None) -> torch.Tensor:
+        """Backbone inputs: converter(z) where `state_mask` is True (all positions when None), clean elsewhere.
+
+        `z` is (B, L, d) (only the masked positions are read) or already gathered (N, d) for the N True positions.
+        """
+        E = self.unit_noise() if E is None else E
+        dtype = self.backbone.input_embeddings().weight.dtype
+        if z is None:
+            return self.context_embed(ids)
+        if state_mask is None:
+            return self.converter(z, E, beta).to(dtype)
+        h = self.context_embed(ids)
+        zs = z[state_mask] if z.dim() == 3 else z
+        hs = self.converter(zs, E, beta).to(dtype)
+        return h.index_put((state_mask,), hs)
+
+    def logits_from_states(self, ids: torch.Tensor, z: torch.Tensor, state_mask: torch.Tensor | None = None,
+                           attention_mask: torch.Tensor | None = None, *, beta: float | torch.Tensor | None = None,
+                           E: torch.Tensor | None = None) -> torch.Tensor:
+        """Continuous path: states -> converter -> backbone (clean embeddings where state_mask is False)."""
+        h = self.embed_inputs(ids, z, state_mask, beta=beta, E=E)
+        return self.backbone(h, attention_mask)
+
+    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Discrete path: token ids through the backbone's own input embedding (as the authors' remasking)."""
+        return self.backbone(self.backbone.embed(ids), attention_mask)
+
+    def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None) -> torch.Tensor:
+        """Denoiser: top-M renormalised posterior mean over the noise embedding, (..., V) -> (..., d)."""
+        return posterior_mean(logits, self.unit_noise() if E is None else E, top_m)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def dsl_state_dict(self) -> dict[str, torch.Tensor]:
+        state = {"noise_embed.weight": self.noise_embed.weight}
+        state.update({f"converter.{k}": v for k, v in self.converter.state_dict().items()})
+        return state
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Backbone keys unprefixed (as the backbone family publishes them) + the DSL keys."""
+        state = dict(self.backbone.state_dict())
+        state.update(self.dsl_state_dict())
+        return state
+
+    def save_pretrained(self, folder: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                        extra_files: dict[str, str] | None = None) -> Path:
+        """Write config.json + dsl_config.json + safetensors atomically (sharded with an index when large)."""
+        folder = Path(folder)
+        with atomic_directory(folder) as tmp:
+            (tmp / "config.json").write_text(json.dumps(self.backbone.config_dict(), indent=2, sort_keys=True) + "\n")
+            (tmp / DSL_CONFIG_NAME).write_text(self.config.to_json() + "\n")
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text)
+            write_safetensors(self.full_state_dict(), tmp, max_shard_bytes=max_shard_bytes)
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", special: SpecialTokens | None = None) -> "DSLModel":
+        """Load a DSL checkpoint written by `save_pretrained` or in the released DSL-LLaDA layout."""
+        folder = Path(folder)
+        names = set(checkpoint_files(folder))
+        if "noise_embed.weight" not in names:
+            raise CheckpointError(f"{folder} has no 'noise_embed.weight': it is not a DSL checkpoint "
+                                  f"(use `dsl-llada convert` to make one from a backbone)")
+        cfg_path = folder / DSL_CONFIG_NAME
+        config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
+            infer_released_config(folder, names)
+        backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
+        model = cls(backbone, config)
+        expected = set(model.dsl_state_dict())
+        dsl_names = {k for k in names if k.startswith(DSL_PREFIXES)} - set(IGNORED_DSL_KEYS)
+        unknown, missing = sorted(dsl_names - expected), sorted(expected - dsl_names)
+        if unknown or missing:
+            raise CheckpointError(f"unrecognised DSL keys in {folder}: unknown {unknown[:5]}, missing {missing[:5]}")
+        tensors = read_tensors(folder, sorted(expected), device=device)
+        for k, v in tensors.items():
+            if k == "noise_embed.weight" or k in ("converter.beta", "converter.logit_bias"):
+                tensors[k] = v.float()
+            elif v.is_floating_point():
+                tensors[k] = v.to(dtype)
+        model.noise_embed.to(device)
+        model.converter.to(device)
+        shapes = {k: tuple(v.shape) for k, v in model.dsl_state_dict().items()}
+        for k, v in tensors.items():
+            if tuple(v.shape) != shapes[k]:
+                raise CheckpointError(f"{folder}: {k} has shape {tuple(v.shape)}, expected {shapes[k]} "
+                                      f"(vocab {model.vocab_size}, hidden {backbone.hidden_size}, d {config.converter.noise_dim})")
+        model.noise_embed.weight = nn.Parameter(tensors.pop("noise_embed.weight"),
+                                                requires_grad=config.converter.trainable_noise_embed)
+        model.converter.load_state_dict({k[len("converter."):]: v for k, v in tensors.items()}, assign=True)
+        return model
+
+
+def infer_released_config(folder: Path, names: set[str]) -> DSLConfig:
+    """DSLConfig for a released checkpoint (no dsl_config.json): released layout, sizes read from the tensors."""
+    if {"converter.gate_temp", "converter.gate_bias"} & names:
+        raise CheckpointError(f"{folder} uses the SNR-gated residual converter (gate_temp/gate_bias), which is not supported")
+    shape = read_tensors(folder, ["noise_embed.weight"])["noise_embed.weight"].shape
+    layout = "released" if "converter.backbone_embedding.bias" in names else "paper"
+    conv = ConverterConfig(noise_dim=int(shape[1]), layout=layout, trainable_noise_embed=False,
+                           residual="converter.residual_proj.weight" in names)
+    return DSLConfig(converter=conv, context_embedding="wte")
