@@ -92,6 +92,10 @@ class Backbone(nn.Module):
         """(B, L, H) embeddings [+ (B, L) padding mask] -> (B, L, V) logits aligned to positions."""
         raise NotImplementedError
 
+    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Discrete path (same signature as DSLModel.logits_from_ids, so discrete samplers accept either)."""
+        return self(self.embed(ids), attention_mask)
+
     def config_dict(self) -> dict[str, Any]:
         """The backbone's own config (e.g. LLaDA config.json contents) for saving next to the weights."""
         raise NotImplementedError
