@@ -68,5 +68,19 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
 
 
-__all__ = ["Backbone", "CheckpointError", "LLaDABackbone", "LLaDAConfig", "SpecialTokens", "load_backbone",
+__all__ = ["Backbone", "CheckpointError", "LLaDABackbone", "LLaDAConfig", "SpecialTokens", "load_backbone", "save_backbone",
            "register_backbone", "resolve_model_path", "tiny_llada_config"]
+
+
+def save_backbone(backbone: Backbone, folder: str | Path, *, max_shard_bytes: int | None = None) -> Path:
+    """Write a backbone as a Hugging Face-style folder (config.json + safetensors under its own key names)."""
+    import json  # noqa: PLC0415
+
+    from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, write_safetensors  # noqa: PLC0415
+    from ..utils import atomic_directory  # noqa: PLC0415
+
+    folder = Path(folder)
+    with atomic_directory(folder) as tmp:
+        (tmp / "config.json").write_text(json.dumps(backbone.config_dict(), indent=2, sort_keys=True, default=str) + "\n")
+        write_safetensors(backbone.state_dict(), tmp, max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
+    return folder
