@@ -1,0 +1,7 @@
+"""`python -m dsl_llada ...` (also what `accelerate launch -m dsl_llada train ...` runs)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
