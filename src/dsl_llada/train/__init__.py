@@ -1,0 +1,1 @@
+"""Training: data pipeline, objectives and the accelerate training loop."""
