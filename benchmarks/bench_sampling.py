@@ -1,0 +1,192 @@
+"""Sampler benchmarks, reported as ratios measured in one run and written to docs/benchmarks.md.
+
+(a) loop efficiency = (model calls x time of one model call measured alone) / whole sampling time
+    (a model call = one DSL forward, converter + backbone, for the SDE; one backbone forward for remasking);
+(b) samples/s at batch 1, 4, 16;
+(c) converter peak memory at V = 126,464, L = 2048 with and without token chunking (peak RSS of a fresh process).
+
+Usage:  python benchmarks/bench_sampling.py [--quick] [--device cuda --dtype bfloat16 --preset 8b] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
+from dsl_llada.model import DSLModel
+from dsl_llada.sampling.common import PromptBatch
+from dsl_llada.sampling.sde import sample_sde
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRESETS = {
+    # LLaDA-shaped (SwiGLU, RMSNorm, RoPE, untied head, MHA), small enough for a 2-core CPU.
+    "small": dict(d_model=256, n_layers=4, n_heads=4, mlp_hidden_size=688, vocab_size=8192),
+    # LLaDA-8B-Instruct's shape (config.json), random weights; GPU only.
+    "8b": dict(d_model=4096, n_layers=32, n_heads=32, mlp_hidden_size=12288, vocab_size=126464),
+}
+
+
+def build_model(preset: str, device: str, dtype: torch.dtype, noise_dim: int = 100) -> DSLModel:
+    p = PRESETS[preset]
+    V = p["vocab_size"]
+    cfg = LLaDAConfig(**p, max_sequence_length=4096, mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2)
+    with torch.device(device):
+        bb = LLaDABackbone(cfg)
+    bb.init_weights(torch.Generator(device=device).manual_seed(0) if device == "cpu" else None)
+    bb = bb.to(dtype)
+    model = DSLModel.convert(bb, DSLConfig(converter=ConverterConfig(noise_dim=noise_dim)))
+    return model.eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    fn()
+    sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def prompts_for(model: DSLModel, batch: int, prompt_len: int, device: str) -> PromptBatch:
+    g = torch.Generator().manual_seed(1)
+    V = model.vocab_size
+    rows = [torch.randint(0, V - 3, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    return PromptBatch.from_lists(rows, pad_id=model.special.pad_id, device=device)
+
+
+@torch.no_grad()
+def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: int, nfe: int, repeats: int) -> dict:
+    pb = prompts_for(model, 1, prompt_len, device)
+    E = model.unit_noise()
+    L = prompt_len + gen_length
+    ids = torch.cat([pb.ids, torch.full((1, gen_length), model.special.mask, device=device)], 1)
+    state_mask = torch.zeros(1, L, dtype=torch.bool, device=device)
+    state_mask[:, prompt_len:] = True
+    z = torch.randn(1, gen_length, model.noise_dim, device=device)
+    beta = 2 * model.trained_beta
+
+    t_dsl = timed(lambda: model.logits_from_states(ids, z, state_mask, beta=beta, E=E), device, repeats)
+    t_bb = timed(lambda: model.logits_from_ids(ids), device, repeats)
+
+    sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
+    out = {}
+    t_sde = timed(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0))),
+                  device, max(1, repeats // 2))
+    calls = out["sde"].forward_passes
+    res = {"sde": {"calls": calls, "t_call_s": t_dsl, "t_total_s": t_sde, "efficiency": calls * t_dsl / t_sde}}
+    try:
+        from dsl_llada.sampling.remask import sample_remask
+    except ImportError:
+        return res
+    rm_cfg = RemaskConfig(steps=nfe, gen_length=gen_length)
+    t_rm = timed(lambda: out.__setitem__("rm", sample_remask(model.backbone, pb, rm_cfg)), device, max(1, repeats // 2))
+    calls = out["rm"].forward_passes
+    res["remask"] = {"calls": calls, "t_call_s": t_bb, "t_total_s": t_rm, "efficiency": calls * t_bb / t_rm}
+    return res
+
+
+@torch.no_grad()
+def throughput(model: DSLModel, device: str, gen_length: int, prompt_len: int, nfe: int, batches: list[int]) -> dict:
+    res = {}
+    for b in batches:
+        pb = prompts_for(model, b, prompt_len, device)
+        cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
+        gens = [torch.Generator().manual_seed(i) for i in range(b)]
+        t = timed(lambda: sample_sde(model, pb, cfg, generator=gens), device, 1)
+        res[b] = {"seconds": t, "samples_per_s": b / t}
+    return res
+
+
+def _converter_peak_child(chunk: int, L: int, V: int, H: int) -> None:
+    from dsl_llada.converter import Converter
+
+    conv = Converter(ConverterConfig(noise_dim=100, token_chunk=chunk), V, H)
+    E = torch.nn.functional.normalize(torch.randn(V, 100), dim=-1)
+    z = torch.randn(L, 100) * 10
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.no_grad():
+        conv(z, E)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"base_kib": base, "peak_kib": peak, "growth_kib": peak - base}))
+
+
+def converter_memory(L: int = 2048, V: int = 126464, H: int = 64) -> dict:
+    """Peak RSS growth of one converter call in a fresh process (H kept small so W is only V*H*4 bytes)."""
+    res = {}
+    for chunk in (0, 256):
+        code = ("import sys; sys.path.insert(0, %r); from bench_sampling import _converter_peak_child; "
+                "_converter_peak_child(%d, %d, %d, %d)") % (str(Path(__file__).parent), chunk, L, V, H)
+        # Each variant in its own process, so one's peak cannot hide the other's.
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        res["unchunked" if chunk == 0 else f"chunk{chunk}"] = json.loads(out.stdout.strip().splitlines()[-1])
+    res["pi_bytes_unchunked_MiB"] = L * (V + 1) * 4 / 2**20
+    res["pi_bytes_chunk256_MiB"] = 256 * (V + 1) * 4 / 2**20
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--write", action="store_true", help="append the results to docs/benchmarks.md")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
+    model = build_model(a.preset, a.device, dtype)
+    gen, prompt, nfe = (64, 16, 16) if a.quick else (128, 32, 32)
+    eff = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=3 if a.quick else 5)
+    thr = throughput(model, a.device, gen, prompt, nfe, [1, 4] if a.quick else [1, 4, 16])
+    mem = converter_memory() if a.device == "cpu" else {}
+    result = {"preset": a.preset, "device": a.device, "dtype": a.dtype, "gen_length": gen, "prompt_length": prompt,
+              "nfe": nfe, "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+              "loop_efficiency": eff, "throughput": thr, "converter_memory": mem}
+    print(json.dumps(result, indent=2))
+    if a.write:
+        write_markdown(result, " ".join(["python", "benchmarks/bench_sampling.py"] + sys.argv[1:]))
+
+
+def write_markdown(r: dict, command: str) -> None:
+    lines = [f"### Sampling: preset `{r['preset']}` on {r['device']} ({r['dtype']}, {r['threads']} threads, torch {r['torch']})",
+             "", f"Command: `{command}`", "",
+             f"Prompt {r['prompt_length']} + response {r['gen_length']} tokens, NFE/steps {r['nfe']}.", "",
+             "| sampler | model calls | one call alone (ms) | whole sampling (ms) | loop efficiency |", "|---|---|---|---|---|"]
+    for name, e in r["loop_efficiency"].items():
+        lines.append(f"| {name} | {e['calls']} | {1e3 * e['t_call_s']:.1f} | {1e3 * e['t_total_s']:.1f} | {e['efficiency']:.3f} |")
+    lines += ["", "| batch | seconds per batch (SDE) | samples/s |", "|---|---|---|"]
+    for b, t in r["throughput"].items():
+        lines.append(f"| {b} | {t['seconds']:.2f} | {t['samples_per_s']:.2f} |")
+    if r["converter_memory"]:
+        m = r["converter_memory"]
+        lines += ["", "Converter peak RSS at V=126,464, L=2048 (fresh process, H=64):", "",
+                  "| variant | RSS growth during the call (MiB) | one (L, V+1) fp32 buffer (MiB) |", "|---|---|---|",
+                  f"| unchunked | {m['unchunked']['growth_kib'] / 1024:.0f} | {m['pi_bytes_unchunked_MiB']:.0f} |",
+                  f"| 256-token chunks | {m['chunk256']['growth_kib'] / 1024:.0f} | {m['pi_bytes_chunk256_MiB']:.0f} |",
+                  "", f"Chunking cuts the converter's peak by {m['unchunked']['growth_kib'] / max(1, m['chunk256']['growth_kib']):.1f}x."]
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
+    path.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
