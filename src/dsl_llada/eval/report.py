@@ -1,0 +1,84 @@
+"""Reports: Markdown tables and the paper's NFE-curve figure, written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Column = tuple[str, str, str]
+"""(row key, header, format spec such as '.2f' or '' for str())."""
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and spec:
+        return format(v, spec)
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """A GitHub Markdown table of `rows` restricted to `columns`."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_fmt(r.get(k), f) for k, _, f in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def pivot(rows: Sequence[dict[str, Any]], value: str, *, row_key: str = "method", col_key: str = "nfe",
+          spec: str = ".2f") -> str:
+    """A method x NFE table of one metric."""
+    methods = list(dict.fromkeys(r[row_key] for r in rows))
+    cols = sorted({r[col_key] for r in rows})
+    cell = {(r[row_key], r[col_key]): r.get(value) for r in rows}
+    head = f"| {row_key} | " + " | ".join(f"{col_key} {c}" for c in cols) + " |"
+    sep = "|---|" + "|".join("---" for _ in cols) + "|"
+    body = [f"| {m} | " + " | ".join(_fmt(cell.get((m, c)), spec) for c in cols) + " |" for m in methods]
+    return "\n".join([head, sep, *body])
+
+
+def plot_nfe_curves(rows: Sequence[dict[str, Any]], path: str | Path,
+                    panels: Sequence[tuple[str, str]] = (("ppl", "Perplexity (exact, lower is better)"),
+                                                         ("rep", "Rep % (adjacent repeats)"),
+                                                         ("len", "Length (words)")),
+                    title: str = "") -> Path:
+    """One panel per metric, metric vs NFE (log2 x-axis), one line per method; saved as PNG atomically."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    path = Path(path)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (key, label) in zip(axes, panels):
+        for m in methods:
+            pts = sorted((r["nfe"], r[key]) for r in rows if r["method"] == m and r.get(key) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
+                        linewidth=2.4 if m.startswith("DSL-SDE") else 1.4)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("NFE")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    if panels and panels[0][0] == "ppl":
+        axes[0].set_yscale("log")
+    axes[-1].legend(fontsize=8, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
