@@ -229,8 +229,9 @@ def make_corpus(world: ToyWorld, n: int, task: str, rng: np.random.Generator | i
                 exclude: Iterable[str] = ()) -> list[TaskExample]:
     """``n`` examples of ``task`` ("open", "summarize" or "mixed" = alternating).
 
-    Examples whose prompt is in ``exclude`` are redrawn (use it to keep held-out
-    summarisation documents disjoint from training ones).
+    Summarisation examples whose prompt is in ``exclude`` are redrawn (use it to
+    keep held-out documents disjoint from training ones); open-ended prompts are
+    never redrawn since only ``len(open_prompts(world))`` of them exist.
     """
     rng = _as_rng(rng)
     exclude = set(exclude)
