@@ -228,6 +228,9 @@ class RemaskConfig(ConfigBase):
     remdm_alpha_loop: float = 0.9
     remdm_authors_quota: bool = False
     """Reproduce the authors' flaw: keep the original quota so remasked tokens can stay masked at the end."""
+    remdm_confidence: Literal["committed", "argmax"] = "committed"
+    """ReMDM uncertainty u = 1 - conf: 'committed' = probability of the token committed at the position (fix);
+    'argmax' = probability of the sampler's current proposal there (authors' code; the argmax at temperature 0)."""
     truncate_at_eos: bool = True
     """Cut the response at the first EOS/EoT."""
 
@@ -242,6 +245,7 @@ class RemaskConfig(ConfigBase):
         _check(0 <= self.remdm_t_off < self.remdm_t_on <= 1,
                f"need 0 <= remdm_t_off < remdm_t_on <= 1, got {self.remdm_t_off!r}, {self.remdm_t_on!r}")
         _check(0 < self.remdm_alpha_loop <= 1, f"remdm_alpha_loop={self.remdm_alpha_loop!r} must be in (0, 1]")
+        _choice("remdm_confidence", self.remdm_confidence, ("committed", "argmax"))
         bl = self.effective_block_length
         _check(self.gen_length % bl == 0, f"gen_length={self.gen_length} is not divisible by block_length={bl}")
         n_blocks = self.gen_length // bl
