@@ -51,7 +51,7 @@ class LLaDAConfig:
     # Values the reference code supports but this implementation does not; refusing beats a silently wrong model.
     UNSUPPORTED = {
         "alibi": (False,), "rope": (True,), "block_type": ("llama",), "layer_norm_type": ("rms",),
-        "activation_type": ("silu", "swiglu"), "attention_layer_norm": (False,), "input_emb_norm": (False,),
+        "activation_type": ("silu",), "attention_layer_norm": (False,), "input_emb_norm": (False,),
         "scale_logits": (False,), "layer_norm_with_affine": (True,), "bias_for_layer_norm": (False, None),
         "block_group_size": (1,), "multi_query_attention": (None, False),
     }
@@ -257,8 +257,9 @@ class LLaDABackbone(Backbone):
         found = [k for k in files if not any(k.startswith(p) for p in extra_keys_ok)]
         check_keys(expected, found, str(path))
         state = read_tensors(path, expected, dtype=dtype, device=device)
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
         for k, v in state.items():
-            want = model.state_dict()[k].shape
+            want = shapes[k]
             if tuple(v.shape) != tuple(want):
                 raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(want)}")
         model.load_state_dict(state, assign=True)
