@@ -97,7 +97,9 @@ class Converter(nn.Module):
         return beta.float() * torch.cat([tok, mask], dim=-1) + self.logit_bias.float()
 
     def _chunk(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-        pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
+        # The (V+1)-way softmax stays fp32 even under bf16 autocast (bf16 has too few digits for 126k slots).
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
         W = self.backbone_embedding.weight
         h = pi.to(W.dtype) @ W.T
         if self.backbone_embedding.bias is not None:
