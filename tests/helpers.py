@@ -1,0 +1,59 @@
+"""Tiny model builders shared by the tests (import as `from helpers import tiny_backbone, tiny_dsl`).
+
+pytest's default ("prepend") import mode puts `tests/` on sys.path because the folder has no __init__.py,
+so this module is importable from every test file without installing anything.
+
+Conventions of the tiny LLaDA (see `tiny_llada_config`): vocabulary V = 64, [MASK] = V - 1 = 63,
+EOS = V - 2 = 62 (also the padding id), hidden size 32, 2 layers, 4 heads.
+Weights are drawn with std 0.3 by default (not the 0.02 of a real init): at 0.02 the logits are nearly flat and
+greedy decoding emits one token everywhere, which would make determinism / batch-equivalence checks vacuous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.config import ConverterConfig, DSLConfig
+from dsl_llada.model import DSLModel
+
+V = 64
+MASK = V - 1
+EOS = V - 2
+HIDDEN = 32
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    """A CPU generator seeded with `seed`."""
+    return torch.Generator().manual_seed(seed)
+
+
+def tiny_backbone(vocab: int = V, seed: int = 0, *, std: float = 0.3, d_model: int = HIDDEN, n_layers: int = 2,
+                  **config_kw) -> LLaDABackbone:
+    """A randomly initialised tiny LLaDA backbone in eval mode (fp32, CPU). `config_kw` go to tiny_llada_config
+    (e.g. eot_token_id=61, max_sequence_length=16, n_kv_heads=2)."""
+    cfg = tiny_llada_config(vocab, d_model=d_model, n_layers=n_layers, **config_kw)
+    bb = LLaDABackbone(cfg)
+    bb.init_weights(gen(seed), std=std)
+    return bb.eval()
+
+
+def tiny_dsl(vocab: int = V, seed: int = 0, *, noise_dim: int = 16, std: float = 0.3,
+             context_embedding: str = "converter", backbone_kw: dict | None = None, **converter_kw) -> DSLModel:
+    """`DSLModel.convert` around `tiny_backbone(vocab, seed, std=std, **backbone_kw)`, eval mode.
+
+    `converter_kw` are ConverterConfig fields (layout='paper', residual=True, beta_init=2.0, token_chunk=3, ...).
+    """
+    bb = tiny_backbone(vocab, seed, std=std, **(backbone_kw or {}))
+    cfg = DSLConfig(converter=ConverterConfig(noise_dim=noise_dim, **converter_kw), context_embedding=context_embedding)
+    return DSLModel.convert(bb, cfg).eval()
+
+
+def perturb_converter(model: DSLModel, seed: int = 1, scale: float = 0.05) -> DSLModel:
+    """Move every converter parameter away from its init (so 'converter' and 'wte' context paths differ, value
+    bias is non-zero, etc.), in place. Returns the model."""
+    g = gen(seed)
+    with torch.no_grad():
+        for p in model.converter.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g).to(p.dtype))
+    return model
