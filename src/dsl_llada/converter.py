@@ -89,7 +89,7 @@ class Converter(nn.Module):
     def slot_logits(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """(N, d) states -> (N, V+1) fp32 converter logits."""
         z32 = z.float()
-        tok = z32 @ E.T
+        tok = z32 @ E.float().T
         if self.mask_key is None:
             mask = torch.zeros_like(tok[:, :1])
         else:
@@ -106,7 +106,7 @@ class Converter(nn.Module):
             h = h + self.backbone_embedding.bias
         if self.residual_proj is not None:
             z32 = z.float()
-            z_low = pi[:, : self.vocab_size] @ E
+            z_low = pi[:, : self.vocab_size] @ E.float()
             u = z_low / (z_low.norm(dim=-1, keepdim=True) + 1e-8)
             z_high = z32 - (z32 * u).sum(-1, keepdim=True) * u
             h = h + self.residual_proj(z_high.to(self.residual_proj.weight.dtype))
@@ -151,12 +151,13 @@ def noisy_states(E: torch.Tensor, ids: torch.Tensor, gamma: torch.Tensor | float
     """
     e = E[ids].float()
     g = torch.as_tensor(gamma, dtype=torch.float32, device=e.device)
-    if g.dim() == 1:
-        if g.shape[0] != ids.shape[0]:
-            raise ValueError(f"per-sequence gamma has {g.shape[0]} entries for a batch of {ids.shape[0]}")
-        g = g[:, None]
-    elif g.dim() == 2 and tuple(g.shape) != tuple(ids.shape):
-        raise ValueError(f"per-token gamma shape {tuple(g.shape)} does not match ids shape {tuple(ids.shape)}")
+    if g.dim() > 0 and tuple(g.shape) != tuple(ids.shape):  # same shape as ids = per token
+        if g.dim() == 1 and ids.dim() == 2:
+            if g.shape[0] != ids.shape[0]:
+                raise ValueError(f"per-sequence gamma has {g.shape[0]} entries for a batch of {ids.shape[0]}")
+            g = g[:, None]
+        else:
+            raise ValueError(f"per-token gamma shape {tuple(g.shape)} does not match ids shape {tuple(ids.shape)}")
     g = g[..., None] if g.dim() > 0 else g
     eps = torch.randn(e.shape, generator=generator, dtype=torch.float32, device=e.device)
     return g * e + g.clamp_min(0).sqrt() * eps
