@@ -377,7 +377,10 @@ def test_block_sde_context_committed_and_future_mask(model):
     with Recorder(model) as rec:
         out = sample_block_sde(model, pb, c, generator=gen(2))
     ctx = model.context_embed(pb.ids)
-    mask_h = model.context_embed(torch.full((3, blk), MASK))
+    # future positions: the converter's trained mask slot W[:, V] (+ c), not the [MASK] token's column
+    mask_h = model.mask_embed(torch.full((3, blk), MASK))
+    assert torch.allclose(mask_h[0, 0], model.converter.backbone_embedding.weight[:, -1]
+                          + model.converter.backbone_embedding.bias)
     committed = model.context_embed(out.ids[:, :blk])
     per_block = 2 * S + 1
     for j, x in enumerate(rec.inputs):

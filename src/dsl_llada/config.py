@@ -169,6 +169,10 @@ class SDEConfig(ConfigBase):
         _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
         _choice("schedule", self.schedule, ("sensitive", "paper-exact", "uniform"))
         _check(0 < self.gamma_min < self.gamma_max, f"need 0 < gamma_min < gamma_max, got {self.gamma_min!r}, {self.gamma_max!r}")
+        if self.schedule in ("sensitive", "paper-exact"):
+            _check(self.gamma_min < 7.0 and self.gamma_max > 74.0,
+                   f"schedule={self.schedule!r} has knees at gamma 7 and 74: it needs gamma_min < 7 and gamma_max > 74, "
+                   f"got {self.gamma_min!r}, {self.gamma_max!r} (use schedule='uniform' for other ranges)")
         _check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
         _check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
         _check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")

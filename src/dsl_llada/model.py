@@ -89,6 +89,14 @@ class DSLModel(nn.Module):
             return self.backbone.embed(ids)
         return self.converter.clean_embedding(ids).to(self.backbone.input_embeddings().weight.dtype)
 
+    def mask_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings of not-yet-generated positions (Block SDE's future blocks): the converter's trained mask slot
+        W[:, V] (+ c) with context_embedding='converter', else the backbone's wte[MASK] (authors)."""
+        if self.config.context_embedding == "wte":
+            return self.backbone.embed(torch.full_like(ids, self.special.mask))
+        h = self.converter.clean_embedding(torch.full_like(ids, self.vocab_size))
+        return h.to(self.backbone.input_embeddings().weight.dtype)
+
     def embed_inputs(self, ids: torch.Tensor, z: torch.Tensor | None = None, state_mask: torch.Tensor | None = None,
                      *, beta: float | torch.Tensor | None = None, E: torch.Tensor | None = None) -> torch.Tensor:
         """Backbone inputs: converter(z) where `state_mask` is True (all positions when None), clean elsewhere.

@@ -146,8 +146,8 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     for k in range(n_blocks):
         lo, hi = k * blk, (k + 1) * blk
-        h_all = model.context_embed(torch.cat([prompts.ids, response], dim=1))
-        before, after = h_all[:, : P + lo], h_all[:, P + hi :]
+        before = model.context_embed(torch.cat([prompts.ids, response[:, :lo]], dim=1))
+        after = model.mask_embed(response[:, hi:])
 
         def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
             h = model.converter(gamma * y, E, beta).to(before.dtype)
