@@ -1,0 +1,7 @@
+"""`python -m dsl_llada.train --config FILE key=value ...` (same as `dsl-llada train`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

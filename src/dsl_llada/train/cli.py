@@ -1,0 +1,102 @@
+"""`dsl-llada train` / `python -m dsl_llada.train`: argument parsing and `run_train(args)` (no training logic here).
+
+    dsl-llada train --config configs/paper-8b.yaml init_from=/models/LLaDA-8B-Instruct output_dir=runs/dsl
+    accelerate launch --config_file configs/deepspeed_zero2.yaml -m dsl_llada train --config configs/paper-8b.yaml ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+__all__ = ["add_train_arguments", "add_train_parser", "build_train_parser", "main", "run_train"]
+
+EPILOG = """\
+overrides are dotted TrainConfig keys, e.g.
+  lr=1e-4 max_steps=200 data.block_size=64 objective=mdm objective_options.snr.lognormal_per_token=true
+  data.files='[corpus/*.jsonl]' resume=null converter_lr_mode=grad_hook freeze_noise_embed=true
+
+multi-process (one process per GPU; the script asserts world_size when it is set):
+  accelerate launch --config_file configs/ddp.yaml -m dsl_llada train --config ...
+  accelerate launch --config_file configs/deepspeed_zero2.yaml -m dsl_llada train --config configs/paper-8b.yaml ...
+  accelerate launch --config_file configs/fsdp.yaml -m dsl_llada train --config ...
+exit codes: 0 done, 2 bad configuration or data, 3 training diverged (non-finite loss; last good checkpoint kept)
+"""
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--config", "-c", default=None, metavar="FILE",
+                   help="training preset (YAML/JSON TrainConfig), e.g. configs/paper-8b.yaml or configs/toy.yaml")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted TrainConfig overrides (see below)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved TrainConfig as JSON and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_train)
+    return p
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `train` on the main `dsl-llada` CLI's subparsers."""
+    p = subparsers.add_parser("train", help="continued pretraining: DSL, or the MDM-CPT / XDLM controls",
+                              description="Train with a YAML/JSON preset plus dotted key=value overrides.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_train_arguments(p)
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dsl_llada.train", epilog=EPILOG,
+                                description="Train with a YAML/JSON preset plus dotted key=value overrides.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_train_arguments(p)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Load the config, train, print a one-line JSON summary (main process). Returns the exit code."""
+    from .config import load_train_config  # noqa: PLC0415
+    from .trainer import TrainingDiverged, train  # noqa: PLC0415
+
+    config = load_train_config(args.config, args.overrides)
+    if getattr(args, "quiet", False):
+        config = config.replace(progress=False)
+    if args.print_config:
+        print(config.to_json())
+        return 0
+    try:
+        result = train(config)
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    import os  # noqa: PLC0415
+
+    if os.environ.get("RANK", "0") == "0":
+        last = result.losses[result.final_step] if result.final_step in result.losses else None
+        print(json.dumps({"output_dir": str(result.output_dir), "final_step": result.final_step,
+                          "stop_reason": result.stop_reason, "loss": last,
+                          "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+                          "final_model": str(result.final_model) if result.final_model else None}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_train_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if os_rank() != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted; the last complete checkpoint is kept (resume='auto' continues from it)", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def os_rank() -> int:
+    import os  # noqa: PLC0415
+
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
