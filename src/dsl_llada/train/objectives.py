@@ -98,6 +98,9 @@ class ObjectiveConfig(ConfigBase):
     """DSL: training SNR distribution (paper: 0.9 per-sequence LogNormal + 0.1 per-token smoothed ROAR)."""
     mdm_eps: float = 1e-3
     """MDM-CPT: minimum mask probability ε in p = (1 − ε) t + ε."""
+    stratified_t: bool = False
+    """MDM: draw the batch's times stratified, t_i = (i + u_i)/B (same marginal U(0,1), lower-variance loss,
+    as in MDLM's low-discrepancy sampler). False = iid t per sequence (LLaDA, the paper)."""
     xdlm_eps: float = 1e-3
     """XDLM: ε in α_t = 1 − ((1 − ε) t + ε)."""
     xdlm_k1: float = 0.1
@@ -220,13 +223,15 @@ def dsl_loss(model: nn.Module, batch: dict[str, torch.Tensor], generator: torch.
 
 # -- MDM-CPT -----------------------------------------------------------------------------------------------
 def mdm_corrupt(ids: torch.Tensor, mask_id: int, eps: float = 1e-3, generator: torch.Generator | None = None,
-                eligible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                eligible: torch.Tensor | None = None, stratified: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LLaDA forward process. Returns (noisy ids, masked (B, L) bool, p (B,) fp32 mask probability).
 
     Draws, in order: t (B,) ~ U[0, 1), then u (B, L) ~ U[0, 1); position masked iff u < p and eligible.
     """
     B, L = ids.shape
     t = torch.rand(B, generator=generator, device=ids.device)
+    if stratified:
+        t = (torch.arange(B, device=ids.device) + t) / B
     p = (1 - eps) * t + eps
     u = torch.rand(B, L, generator=generator, device=ids.device)
     masked = u < p[:, None]
@@ -241,7 +246,7 @@ def mdm_loss(model: nn.Module, batch: dict[str, torch.Tensor], generator: torch.
     """MDM-CPT: Σ_masked CE / p over the eligible positions' count (LLaDA's pretraining loss)."""
     ids = batch["input_ids"]
     eligible, _ = eligible_positions(batch, cfg.mask_prompt)
-    noisy, masked, p = mdm_corrupt(ids, model.special.mask, cfg.mdm_eps, generator, eligible)
+    noisy, masked, p = mdm_corrupt(ids, model.special.mask, cfg.mdm_eps, generator, eligible, cfg.stratified_t)
     logits = model.logits_from_ids(noisy, batch.get("attention_mask"))
     rows, tgt = logits[masked].float(), ids[masked]
     ce = F.cross_entropy(rows, tgt, reduction="none")

@@ -1,0 +1,105 @@
+"""The demo's in-process training stages: SFT-format toy conversations, one objective, AdamW with a converter
+parameter group, linear warmup, global-norm clipping. (Multi-GPU runs use `dsl_llada.train.trainer`.)"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import ConfigBase, ConfigError
+from ..utils import progress as progress_bar
+from .tasks import TaskExample, render_sft_example
+
+
+@dataclass(frozen=True)
+class TrainStage(ConfigBase):
+    """One training stage of the demo."""
+
+    objective: str = "dsl"
+    """'mdm' (pretraining and the MDM-CPT control), 'dsl', or 'xdlm'."""
+    steps: int = 500
+    lr: float = 5e-4
+    """Backbone learning rate (constant after warmup)."""
+    converter_lr_mult: float = 5.0
+    """Converter + noise-embedding LR multiplier (paper: 25x at LR 2e-5; smaller here, the toy LR is larger)."""
+    warmup: int = 50
+    batch_size: int = 32
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    stratified_t: bool = False
+    """MDM: stratified diffusion times across the batch (lower-variance loss; used for the stand-in pretraining)."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("mdm", "dsl", "xdlm"):
+            raise ConfigError(f"objective={self.objective!r} is not valid; expected one of ['mdm', 'dsl', 'xdlm']")
+        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ConfigError(f"need steps >= 1, batch_size >= 1 and lr > 0; got {self.steps}, {self.batch_size}, {self.lr}")
+
+
+def sft_tensors(tokenizer, examples: list[TaskExample], gen_length: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, block_size) ids = chat prompt + response + <|eot_id|> + EOS padding, and (N,) prompt lengths."""
+    eos = tokenizer.eos_token_id
+    ids, plens = [], []
+    for ex in examples:
+        row, p = render_sft_example(ex.prompt, ex.response, gen_length, tokenizer)
+        if len(row) > block_size:
+            raise ValueError(f"example of {len(row)} tokens exceeds block_size={block_size}")
+        ids.append(row + [eos] * (block_size - len(row)))
+        plens.append(p)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(plens, dtype=torch.long)
+
+
+def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, Any]]:
+    conv, decay, no_decay = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith(("converter.", "noise_embed.")):
+            conv.append(p)
+        elif p.dim() < 2 or "norm" in name or name.endswith(".bias"):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "lr": stage.lr, "weight_decay": stage.weight_decay, "base_lr": stage.lr},
+              {"params": no_decay, "lr": stage.lr, "weight_decay": 0.0, "base_lr": stage.lr}]
+    if conv:
+        lr = stage.lr * stage.converter_lr_mult
+        groups.append({"params": conv, "lr": lr, "weight_decay": 0.0, "base_lr": lr})
+    return [g for g in groups if g["params"]]
+
+
+def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
+              block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train") -> list[float]:
+    """Train `model` in place for `stage.steps` steps; returns the loss curve."""
+    from ..train.objectives import check_finite, get_objective  # noqa: PLC0415
+
+    ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
+    options = {"stratified_t": True} if stage.stratified_t else {}
+    objective = get_objective(stage.objective, mask_prompt=True, **options)
+    opt = torch.optim.AdamW(_param_groups(model, stage), betas=(0.9, 0.999), eps=1e-8)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    curve: list[float] = []
+    bar = progress_bar(range(stage.steps), total=stage.steps, desc=desc, enabled=progress, leave=True)
+    for step in bar:
+        scale = min(1.0, (step + 1) / max(1, stage.warmup))
+        for g in opt.param_groups:
+            g["lr"] = g["base_lr"] * scale
+        idx = torch.randint(0, ids.shape[0], (stage.batch_size,), generator=gen)
+        out = objective(model, {"input_ids": ids[idx], "prompt_length": plens[idx]}, gen)
+        check_finite(out.loss, step)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), stage.max_grad_norm)
+        opt.step()
+        curve.append(float(out.loss.detach()))
+        if progress and hasattr(bar, "set_postfix") and step % 10 == 0:
+            recent = curve[-20:]
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
+    model.eval()
+    if not all(math.isfinite(v) for v in curve):
+        raise FloatingPointError(f"{desc}: non-finite loss in the curve")
+    return curve

@@ -1,0 +1,142 @@
+"""Evaluate samplers and models on the toy world: exact NLL under the true distribution, Rep, Distinct-2, Len,
+failure tags, ROUGE (summarisation) and random-token error correction (Fix/Clean)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import RemaskConfig, SDEConfig
+from ..eval import metrics as M
+from ..generation import SamplerChoice, run_sampler
+from ..sampling.common import PromptBatch
+from .tasks import TaskExample, render_prompt, response_words, score_response
+from .world import ToyWorld
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the paper's comparison: which model, which sampler, which sampler options."""
+
+    name: str
+    model: str
+    """Key into the models dict: 'base' (pretrained MDM), 'dsl', 'mdm' (MDM-CPT), 'xdlm'."""
+    sampler: str
+    """'sde' or 'remask' (ReMDM is remask with remdm=True)."""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def choice(self, nfe: int, gen_length: int) -> SamplerChoice:
+        if self.sampler == "sde":
+            return SamplerChoice("sde", SDEConfig(nfe=nfe, gen_length=gen_length, **self.options))
+        opts = dict(self.options)
+        if opts.pop("blocks", None):
+            opts["block_length"] = gen_length // BLOCKS
+        return SamplerChoice("remdm" if opts.get("remdm") else "remask",
+                             RemaskConfig(steps=nfe, gen_length=gen_length, **opts))
+
+
+BLOCKS = 4
+"""LLaDA+EOS+Block uses gen_length/4-token blocks (the paper: 32 of 256 = 8 blocks; 4 keeps NFE 4 valid)."""
+
+PAPER_METHODS = (
+    Method("DSL-SDE", "dsl", "sde"),
+    Method("LLaDA", "base", "remask"),
+    Method("LLaDA+EOS", "base", "remask", {"eos_inf": True}),
+    Method("LLaDA+EOS+Block", "base", "remask", {"eos_inf": True, "blocks": True}),
+    Method("ReMDM", "base", "remask", {"remdm": True}),
+    Method("DSL-Remask", "dsl", "remask"),
+)
+CONTROL_METHODS = (Method("MDM-CPT", "mdm", "remask"), Method("XDLM", "xdlm", "remask"))
+
+
+def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, tokenizer, examples: Sequence[TaskExample],
+                   methods: Sequence[Method], nfes: Sequence[int], *, gen_length: int, batch_size: int = 32,
+                   seed: int = 0, on_progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One record per (method, NFE, example) with the decoded output and its per-sample metrics."""
+    records = []
+    prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
+    for method in methods:
+        model = models[method.model]
+        for nfe in nfes:
+            choice = method.choice(nfe, gen_length)
+            for start in range(0, len(examples), batch_size):
+                rows = prompt_ids[start : start + batch_size]
+                batch = PromptBatch.from_lists(rows, pad_id=model.special.pad_id)
+                gens = [torch.Generator().manual_seed(seed * 100_003 + start + j) for j in range(len(rows))]
+                out = run_sampler(model, batch, choice, generator=gens)
+                for j, ids in enumerate(out.ids.tolist()):
+                    i = start + j
+                    text = tokenizer.decode(ids, skip_special_tokens=False)
+                    records.append(score_record(world, examples[i], text, method=method.name, nfe=nfe,
+                                                seed=seed * 100_003 + i, index=i, forward_passes=out.forward_passes))
+            if on_progress is not None:
+                on_progress(f"{method.name} NFE {nfe}")
+    return records
+
+
+def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -> dict[str, Any]:
+    """Per-sample metrics of one output (the response is cut at the first end-of-turn/EOS)."""
+    words = response_words(raw_text)
+    output = " ".join(words)
+    s = score_response(world, words, ex)
+    reference = ex.reference if ex.task == "summarize" else ex.response
+    tags = M.failure_tags(output, reference, paper_thresholds=True).as_dict()
+    rec = {**meta, "task": ex.task, "prompt": ex.prompt, "output": output, "reference": reference,
+           "nll_sum": s["nll_sum"], "n_tokens": s["n_tokens"], "nll_per_token": s["nll_per_token"],
+           "in_support": s["in_support"], "rep": M.repetition_rate(output), "len": M.length_words(output),
+           "tags": tags}
+    if ex.task == "summarize":
+        rec["rouge"] = M.rouge_scores(ex.reference or "", output)
+    return rec
+
+
+def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, task, NFE): token-weighted perplexity, Rep, Distinct-2, Len, failure rates, ROUGE."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["method"], r["task"], r["nfe"])].append(r)
+    rows = []
+    for (method, task, nfe), rs in groups.items():
+        outputs = [r["output"] for r in rs]
+        row = {"method": method, "task": task, "nfe": nfe, "n": len(rs),
+               "ppl": math.exp(sum(r["nll_sum"] for r in rs) / sum(r["n_tokens"] for r in rs)),
+               "nll_per_token": sum(r["nll_sum"] for r in rs) / sum(r["n_tokens"] for r in rs),
+               "in_support": 100 * float(np.mean([r["in_support"] for r in rs])),
+               "rep": 100 * float(np.mean([r["rep"] for r in rs])), "d2": 100 * M.distinct_n(outputs, 2),
+               "len": float(np.mean([r["len"] for r in rs])), "forward_passes": rs[0]["forward_passes"]}
+        row.update({f"{k}%": v for k, v in M.failure_rates([r["tags"] for r in rs]).items()})
+        if task == "summarize":
+            for k in ("rouge1", "rouge2", "rougeL"):
+                row[k] = float(np.mean([r["rouge"][k] for r in rs]))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["task"], r["method"], r["nfe"]))
+    return rows
+
+
+@torch.no_grad()
+def error_correction(models: Mapping[str, torch.nn.Module], tokenizer, examples: Sequence[TaskExample],
+                     rates: Sequence[float] = (0.1, 0.3, 0.5), *, n_words: int, seed: int = 42) -> list[dict[str, Any]]:
+    """Random-token error correction (paper T1): corrupt a fraction of a clean response's tokens with random word
+    ids, one forward through the discrete path, argmax; Fix/Clean per text, macro-averaged over texts."""
+    rows = []
+    texts = [tokenizer.encode(ex.response, add_special_tokens=False) for ex in examples if ex.response.strip()]
+    for name, model in models.items():
+        model.eval()
+        for rate in rates:
+            results = []
+            for t, ids in enumerate(texts):
+                rng = np.random.default_rng(seed + t)
+                corrupted, _ = M.corrupt_random_tokens(ids, rate, rng, 0, n_words)
+                logits = model.logits_from_ids(torch.as_tensor(corrupted)[None])
+                pred = logits[0].argmax(-1).tolist()
+                results.append(M.fix_clean(ids, corrupted.tolist(), pred))
+            avg = M.macro_fix_clean(results)
+            rows.append({"model": name, "rate": rate, "fix": 100 * (avg["fix"] or 0.0),
+                         "clean": 100 * (avg["clean"] or 0.0), "n_texts": len(texts)})
+    return rows

@@ -1,0 +1,77 @@
+"""`dsl-llada demo --quick` end to end: report structure, metric ranges, caching and the CLI wrapper."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dsl_llada.cli import main
+from dsl_llada.toy.demo import DemoConfig
+
+EXPECTED_METHODS = {"DSL-SDE", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block", "ReMDM", "DSL-Remask"}
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "report"
+    assert main(["demo", "--quick", "--out", str(out), "-q"]) == 0
+    return out
+
+
+def test_report_files(quick_report):
+    for name in ("report.md", "nfe_curve.png", "results.jsonl", "config.json"):
+        assert (quick_report / name).is_file(), name
+    assert (quick_report / "nfe_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(quick_report.glob(".*.tmp")), "temporary files left behind"
+
+
+def test_config_round_trips(quick_report):
+    cfg = json.loads((quick_report / "config.json").read_text())
+    demo = DemoConfig.from_dict(cfg["demo"])
+    assert demo == DemoConfig.preset(quick=True)
+    assert cfg["world"]["gen_length"] == demo.world["gen_length"]
+    assert cfg["timings_s"]["total_s"] > 0
+
+
+def test_results_cover_every_method_nfe_and_prompt(quick_report):
+    cfg = DemoConfig.preset(quick=True)
+    rows = [json.loads(line) for line in (quick_report / "results.jsonl").read_text().splitlines()]
+    n_prompts = cfg.n_eval_open + cfg.n_eval_summarize
+    assert len(rows) == len(EXPECTED_METHODS) * len(cfg.nfes) * n_prompts
+    assert {r["method"] for r in rows} == EXPECTED_METHODS
+    assert {r["nfe"] for r in rows} == set(cfg.nfes)
+    for r in rows:
+        assert math.isfinite(r["nll_sum"]) and r["nll_sum"] >= 0
+        assert r["n_tokens"] == r["len"] + 1  # words + the end event
+        assert 0.0 <= r["rep"] <= 1.0
+        assert r["in_support"] in (0.0, 1.0)
+        assert set(r["tags"]) >= {"empty", "premature_eos", "repetition", "degen_ending"}
+        if r["task"] == "summarize":
+            assert all(0.0 <= r["rouge"][k] <= 100.0 for k in ("rouge1", "rouge2", "rougeL"))
+        # the SDE's forward passes are 2S + 1; remasking runs exactly NFE forwards
+        expected = r["nfe"] + 1 if r["method"] == "DSL-SDE" else r["nfe"]
+        assert r["forward_passes"] == expected
+
+
+def test_report_tables(quick_report):
+    text = (quick_report / "report.md").read_text()
+    for heading in ("exact perplexity", "Rep %", "Summarisation", "error correction", "own samples"):
+        assert heading in text
+    for m in EXPECTED_METHODS:
+        assert f"| {m} |" in text
+    assert "nan" not in text.lower()
+
+
+def test_second_run_reuses_cached_models(quick_report, capsys):
+    assert main(["demo", "--quick", "--out", str(quick_report), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "pretrained masked DLM: cached" in out
+    assert "DSL continue-pretraining: cached" in out
+
+
+def test_demo_help():
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--help"])
+    assert e.value.code == 0
