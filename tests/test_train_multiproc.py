@@ -54,6 +54,11 @@ def backbone_dir(tmp_path_factory) -> Path:
     return make_backbone_dir(tmp_path_factory.mktemp("mp") / "backbone")
 
 
+def accelerate_launch() -> list[str]:
+    exe = BIN / "accelerate"
+    return [str(exe), "launch"] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,9 +89,7 @@ def assert_close_models(a: torch.nn.Module, b: torch.nn.Module, atol: float = 1e
 
 def test_ddp_two_processes_match_one_process_with_double_batch(backbone_dir, tmp_path):
     out = tmp_path / "ddp"
-    accelerate = [str(BIN / "accelerate")] if (BIN / "accelerate").exists() else [sys.executable, "-m",
-                                                                                  "accelerate.commands.launch"]
-    cmd = accelerate + (["launch"] if accelerate[0].endswith("accelerate") else []) + [
+    cmd = accelerate_launch() + [
         "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
         "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), str(backbone_dir), str(out), "mdm"]
     launch(cmd, steps=5, ACCELERATE_USE_CPU="true")
@@ -135,7 +138,7 @@ def test_gpu_launch_presets(backbone_dir, tmp_path, preset):  # pragma: no cover
     if preset.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
     out = tmp_path / preset.split(".")[0]
-    cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / preset), "--num_processes", "2",
+    cmd = accelerate_launch() + ["--config_file", str(ROOT / "configs" / preset), "--num_processes", "2",
            "--main_process_port", str(free_port()), str(SCRIPT), str(backbone_dir), str(out), "dsl"]
     launch(cmd, steps=5, timeout=600)
     r0, r1 = read_ranks(out, 5)
@@ -148,7 +151,7 @@ def test_accelerate_launch_dash_m_dsl_llada_train(tmp_path):
     """The documented entry point: `accelerate launch ... -m dsl_llada train --config PRESET key=value ...`, here with
     the toy preset on 2 CPU processes; world_size=2 makes the run refuse a silent 1-process launch."""
     out = tmp_path / "toy"
-    cmd = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = accelerate_launch() + ["--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "dsl_llada", "train", "--config", "configs/toy.yaml", f"output_dir={out}", "world_size=2",
            "max_steps=2", "save_every=1", "eval_every=2", "data.block_size=32", "per_device_batch_size=2", "-q"]

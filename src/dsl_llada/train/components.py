@@ -65,16 +65,14 @@ def make_accelerator(config: TrainConfig, output_dir: Path):
     _reset_accelerate_state()
     cuda = torch.cuda.is_available()
     mp = c.mixed_precision if c.mixed_precision != "auto" else ("bf16" if cuda else "no")
-    log_with = None
-    if c.logging == "wandb":
-        from accelerate.utils import is_wandb_available  # noqa: PLC0415
+    log_with = None if c.logging == "jsonl" else c.logging
+    if log_with is not None:
+        from accelerate.utils import is_tensorboard_available, is_wandb_available  # noqa: PLC0415
 
-        if not is_wandb_available():
-            raise ConfigError("logging='wandb' needs the optional wandb package (pip install wandb); or use "
-                              "logging='jsonl' / 'tensorboard'")
-        log_with = "wandb"
-    elif c.logging == "tensorboard":
-        log_with = "tensorboard"
+        available = is_wandb_available() if log_with == "wandb" else is_tensorboard_available()
+        if not available:  # accelerate would silently drop the tracker
+            raise ConfigError(f"logging={log_with!r} needs the optional {log_with} package (pip install {log_with}); "
+                              f"or use logging='jsonl' (metrics.jsonl is always written)")
     acc = Accelerator(
         gradient_accumulation_steps=c.grad_accum, mixed_precision=mp, cpu=not cuda, log_with=log_with,
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "tensorboard")),

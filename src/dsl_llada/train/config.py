@@ -129,7 +129,8 @@ class TrainConfig(ConfigBase):
 
     # -- run ------------------------------------------------------------------------------------------------------
     seed: int = 42
-    """Seed of the objective noise (rank r uses seed + r), the global RNGs and scratch init."""
+    """Seed of the objective noise (process r uses seed + r), the global RNGs and scratch init (the data shuffle has
+    its own `data.seed`)."""
     output_dir: str = "outputs/train"
     """Checkpoints `checkpoint-{step}/`, the final model `final/`, `metrics.jsonl` and tracker logs."""
     resume: str | None = "auto"

@@ -194,6 +194,7 @@ class Trainer:
         try:
             for _ in range(self.config.grad_accum):
                 micro.append(next(it))
+                self._check_ids(micro[-1])
         except StopIteration:
             status = 1.0
         except Exception as e:  # noqa: BLE001  (re-raised below, on every rank)
@@ -293,8 +294,10 @@ class Trainer:
         where = (f"the last good checkpoint is {self.last_checkpoint} (step {self.last_saved_step}); resume from it "
                  f"(resume='auto') with a lower lr or max_grad_norm" if self.last_checkpoint is not None else
                  "no checkpoint was written yet (save_every)")
-        return TrainingDiverged(f"training stopped at step {step}: {what}. Nothing was saved for this step and the "
-                                f"optimizer did not update; {where}", step, self.last_checkpoint)
+        update = ("DeepSpeed had already applied this update in memory" if self.ds else
+                  "the optimizer did not update")
+        return TrainingDiverged(f"training stopped at step {step}: {what}. Nothing was saved for this step and "
+                                f"{update}; {where}", step, self.last_checkpoint)
 
     def train(self) -> TrainResult:
         self._setup()
@@ -303,7 +306,10 @@ class Trainer:
         start = ckpt.load_run(self, self.resume_from) if self.resume_from is not None else 0
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.truncate_metrics(self.output_dir / METRICS_FILE, start) if start else (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+            if start:
+                ckpt.truncate_metrics(self.output_dir / METRICS_FILE, start)
+            else:
+                (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
             atomic_write_text(self.output_dir / "train_config.json", c.to_json() + "\n")
             logger.info("training %s (%s) for %d updates from step %d on %d process(es): global batch %d x %d tokens; "
                         "groups %s; frozen %s%s", c.objective, type(self.unwrapped.model).__name__, c.max_steps, start,
@@ -333,7 +339,6 @@ class Trainer:
                 step += 1
                 loss_sum, bad, tokens, where = 0.0, 0.0, 0.0, ""
                 for i, batch in enumerate(micro):
-                    self._check_ids(batch)
                     loss, metrics, _ = self._micro_step(batch, i == len(micro) - 1)
                     tokens += float(batch["input_ids"].numel())
                     try:
@@ -358,6 +363,8 @@ class Trainer:
                 if self.ds and grad_norm is None:
                     gn = self.wrapped.get_global_grad_norm()
                     grad_norm = None if gn is None else float(gn)
+                    if grad_norm is not None and not math.isfinite(grad_norm):
+                        raise self._diverged(step, f"non-finite gradient norm {grad_norm}")
                 loss_mean = loss_sum / n_micro
                 self.tokens_seen += int(tokens)
                 result.losses[step] = loss_mean
@@ -384,6 +391,8 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss_mean:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
                 if self.on_step is not None:
                     self.on_step(step, record)
+                if record:  # throughput windows exclude monitoring and checkpoint time
+                    window["t0"] = time.perf_counter()
             else:
                 result.stop_reason = "max_steps" if step > start else "already_done"
             if step > self.last_saved_step and step > 0:
