@@ -57,6 +57,16 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
     return y
 
 
+def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator):
+    """Shared set-up of the SDE samplers: device, context check, RNG, noise table, beta_inf, eta, schedule."""
+    backbone = model.backbone
+    prompts = prompts.to(backbone.input_embeddings().weight.device)
+    check_prompt_fits(backbone, prompts, config.gen_length)
+    grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
+    return (prompts, RowRNG(generator, prompts.batch_size), model.unit_noise(), inference_beta(model, config),
+            config.resolved_eta(), grid, prompts.full_attention_mask(config.gen_length), ForwardCounter(backbone))
+
+
 def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     """Argmax over the vocabulary with [MASK] excluded (a decoded response never contains the mask token)."""
     logits = logits.clone()
@@ -79,18 +89,9 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     if config.block_length:
         return sample_block_sde(model, prompts, config, generator=generator, callback=callback, progress=progress,
                                 return_trajectory=return_trajectory)
-    backbone = model.backbone
-    prompts = prompts.to(backbone.input_embeddings().weight.device)
+    prompts, rng, E, beta, eta, grid, attn, forward = _prepare(model, prompts, config, generator)
     L, B, P = config.gen_length, prompts.batch_size, prompts.length
-    check_prompt_fits(backbone, prompts, L)
-    rng = RowRNG(generator, B)
-    E = model.unit_noise()
-    beta = inference_beta(model, config)
-    eta = config.resolved_eta()
-    grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
     h_ctx = model.context_embed(prompts.ids)
-    attn = prompts.full_attention_mask(L)
-    forward = ForwardCounter(backbone)
     dtype = h_ctx.dtype
 
     def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -129,17 +130,8 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     """Block SDE: blocks of B tokens left to right; committed blocks are clean context, future blocks are
     [MASK] embeddings, the current block runs the Heun loop then is decoded by argmax and committed.
     Forward passes = (L / B) (2S + 1)."""
-    backbone = model.backbone
-    prompts = prompts.to(backbone.input_embeddings().weight.device)
+    prompts, rng, E, beta, eta, grid, attn, forward = _prepare(model, prompts, config, generator)
     L, Bsz, P, blk = config.gen_length, prompts.batch_size, prompts.length, config.block_length
-    check_prompt_fits(backbone, prompts, L)
-    rng = RowRNG(generator, Bsz)
-    E = model.unit_noise()
-    beta = inference_beta(model, config)
-    eta = config.resolved_eta()
-    grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
-    attn = prompts.full_attention_mask(L)
-    forward = ForwardCounter(backbone)
     mask_id = model.special.mask
     response = torch.full((Bsz, L), mask_id, dtype=torch.long, device=prompts.ids.device)
     n_blocks = L // blk
