@@ -101,6 +101,8 @@ def test_ddp_two_processes_match_one_process_with_double_batch(backbone_dir, tmp
     for step, loss in r0["losses"].items():
         assert loss == pytest.approx(ref.losses[int(step)], rel=1e-5, abs=1e-6), step
     assert_close_models(load_backbone(r0["final_model"]), ref.model)
+    # monitoring runs through the DDP module on both processes; the noise-free clean CE sees the same 4 blocks
+    assert r0["evals"]["5"]["eval/clean/ce"] == pytest.approx(ref.evals[5]["eval/clean/ce"], rel=1e-5)
     assert param_checksum(ref.model) is not None
 
 
@@ -128,6 +130,11 @@ def test_fsdp2_torchrun_matches_one_process_and_resumes(backbone_dir, tmp_path):
     for step, loss in losses.items():
         assert loss == pytest.approx(ref.losses[int(step)], rel=1e-5, abs=1e-6), step
     assert_close_models(DSLModel.from_pretrained(second[0]["final_model"]), ref.model)
+    # monitoring through the sharded root's forward (FSDP unshards the converter there) on every process
+    ev = second[0]["evals"]["5"]
+    assert ev == second[1]["evals"]["5"] and ev["eval/clean/ce"] == pytest.approx(ref.evals[5]["eval/clean/ce"], rel=1e-5)
+    assert ev["eval/converter/beta"] == pytest.approx(ref.evals[5]["eval/converter/beta"], rel=1e-5)
+    assert "eval/fixed_snr/snr=50/acc" in ev and "3" in first[0]["evals"]
 
 
 # -- GPU-only launch paths (DeepSpeed ZeRO-2 and accelerate's FSDP config), skipped on CPU ------------------------

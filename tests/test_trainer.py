@@ -433,6 +433,19 @@ def test_cli_trains_the_toy_preset(tmp_path, capsys, monkeypatch):
     assert main(["train", "--config", "configs/toy.yaml", "objective=nope", "--print-config"]) == 2
     assert "objective='nope'" in capsys.readouterr().err
 
+    def always_nan(name, **kw):
+        inner = get_objective(name, **kw)
+
+        def objective(model, batch, generator=None):
+            out = inner(model, batch, generator)
+            out.loss = out.loss * float("nan")
+            return out
+        return objective
+
+    monkeypatch.setattr(trainer_mod, "get_objective", always_nan)
+    assert main(["train", "--config", "configs/toy.yaml", f"output_dir={tmp_path / 'nan'}", "max_steps=3", "-q"]) == 3
+    assert "training stopped at step 1" in capsys.readouterr().err
+
 
 def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "dsl_llada.train", "--config", str(CONFIGS / "paper-8b.yaml"),

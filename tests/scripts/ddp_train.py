@@ -30,7 +30,8 @@ def main() -> None:
     assert result.world_size == 2
     write_json(out / f"rank-{os.environ['RANK']}-{steps}.json",
                {"losses": {str(k): v for k, v in sorted(result.losses.items())}, "checksum": param_checksum(result.model),
-                "start_step": result.start_step, "final_model": str(result.final_model)})
+                "start_step": result.start_step, "final_model": str(result.final_model),
+                "evals": {str(k): v for k, v in result.evals.items()}})
 
 
 if __name__ == "__main__":

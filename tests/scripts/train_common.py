@@ -69,12 +69,13 @@ class ContentSeededObjective:
 def multiproc_config(objective: str, backbone: str | Path, out: str | Path, *, world_size: int, steps: int,
                      sharding: str = "none") -> TrainConfig:
     """The run of the multi-process tests: global batch 2 sequences x 2 micro-batches per update. With world_size=2
-    each process has 1 sequence per micro-batch; the 1-process reference has 2."""
+    each process has 1 sequence per micro-batch; the 1-process reference has 2. Monitoring at update 5 (and at the
+    last update) sees the same 4 blocks in both layouts."""
     return TrainConfig(objective=objective, init_from=str(backbone), output_dir=str(out), world_size=world_size,
                        sharding=sharding, dsl={"converter": {"noise_dim": 16}},
                        data={"block_size": 32, "shuffle_buffer": 0, "repeat": True}, lr=3e-3, converter_lr_mult=10.0,
                        warmup_steps=2, max_steps=steps, per_device_batch_size=2 // world_size, grad_accum=2,
-                       save_every=0, log_every=1, eval_every=0, progress=False, resume="auto")
+                       save_every=0, log_every=1, eval_every=5, eval_batches=2, progress=False, resume="auto")
 
 
 def param_checksum(model: torch.nn.Module) -> str | None:
