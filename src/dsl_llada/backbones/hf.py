@@ -141,10 +141,6 @@ class HFBackbone(Backbone):
     def input_embeddings(self) -> nn.Embedding:
         return self._hf.get_input_embeddings()
 
-    def lm_head(self) -> nn.Module:
-        """The output projection (what `freeze_lm_head` freezes)."""
-        return self._hf.get_output_embeddings()
-
     def config_dict(self) -> dict[str, Any]:
         d = self._hf.config.to_dict()
         if not d.get("architectures"):
