@@ -310,3 +310,14 @@ def test_model_type_mismatch_is_refused(tmp_path):
     folder = _write_folder(tmp_path / "x", _model(), model_type="Dream")
     with pytest.raises(CheckpointError, match="expected 'llada'"):
         LLaDABackbone.from_pretrained(folder)
+
+
+def test_output_embeddings_is_the_untied_head_or_wte():
+    from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig, tiny_llada_config
+
+    untied = LLaDABackbone(tiny_llada_config(64))
+    assert untied.output_embeddings() is untied.model.transformer.ff_out
+    cfg = tiny_llada_config(64)
+    cfg.weight_tying = True
+    tied = LLaDABackbone(cfg)
+    assert tied.output_embeddings() is tied.input_embeddings()

@@ -84,6 +84,10 @@ class Backbone(nn.Module):
     def input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError
 
+    def output_embeddings(self) -> nn.Module:
+        """The LM head (output projection); the input embedding itself when weights are tied."""
+        raise NotImplementedError
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, L) ids -> (B, L, H) input embeddings."""
         return self.input_embeddings()(ids)

@@ -141,6 +141,9 @@ class HFBackbone(Backbone):
     def input_embeddings(self) -> nn.Embedding:
         return self._hf.get_input_embeddings()
 
+    def output_embeddings(self) -> nn.Module:
+        return self._hf.get_output_embeddings()
+
     def config_dict(self) -> dict[str, Any]:
         d = self._hf.config.to_dict()
         if not d.get("architectures"):

@@ -234,7 +234,7 @@ class LLaDABackbone(Backbone):
             logits = logits + t.ff_out.bias
         return logits
 
-    def lm_head(self) -> nn.Module:
+    def output_embeddings(self) -> nn.Module:
         t = self.model.transformer
         return t.wte if self.cfg.weight_tying else t.ff_out
 

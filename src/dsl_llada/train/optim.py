@@ -78,15 +78,11 @@ def apply_freezing(model: nn.Module, config: TrainConfig) -> dict[str, int]:
 
     if config.freeze_backbone:
         freeze(backbone.parameters(), "backbone")
+    head = backbone.output_embeddings()
     if config.freeze_lm_head:
-        head = getattr(backbone, "lm_head", None)
-        if head is None:
-            raise ConfigError(f"freeze_lm_head=true is not supported for {type(backbone).__name__} (no lm_head()); "
-                              f"set freeze_lm_head=false")
-        freeze(head().parameters(), "lm_head")
-    head_fn = getattr(backbone, "lm_head", None)
-    # Tied head = the input embedding; unknown (no lm_head()) counts as tied, so auto mode never freezes a head.
-    tied = head_fn is None or head_fn() is backbone.input_embeddings()
+        freeze(head.parameters(), "lm_head")
+    # Tied head = the input embedding (then freezing wte would freeze the head too).
+    tied = head is None or head is backbone.input_embeddings()
     freeze_wte = config.freeze_input_embedding
     if freeze_wte is None:
         ctx = getattr(getattr(model, "config", None), "context_embedding", "converter")
