@@ -53,13 +53,16 @@ def sft_tensors(tokenizer, examples: list[TaskExample], gen_length: int, block_s
 
 
 def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, Any]]:
+    """Same grouping as the trainer (`dsl_llada.train.optim`): decayed weights, no-decay set, converter group."""
+    from ..train.optim import is_converter_param, is_no_decay  # noqa: PLC0415
+
     conv, decay, no_decay = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.startswith(("converter.", "noise_embed.")):
+        if is_converter_param(name):
             conv.append(p)
-        elif p.dim() < 2 or "norm" in name or name.endswith(".bias"):
+        elif is_no_decay(name, p):
             no_decay.append(p)
         else:
             decay.append(p)
