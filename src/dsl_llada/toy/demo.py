@@ -132,6 +132,7 @@ class Demo:
                           progress=self.progress, desc="pretrain (MDM)")
         self.timings["pretrain_s"] = time.perf_counter() - t
         save_backbone(bb, path)
+        self.tok.save_pretrained(str(path))  # so `dsl-llada generate --model <cache dir>` works
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
         return bb
 
@@ -159,6 +160,7 @@ class Demo:
             model.save_pretrained(path)
         else:
             save_backbone(model, path)
+        self.tok.save_pretrained(str(path))
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
         return model
 

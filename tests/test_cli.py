@@ -1,0 +1,90 @@
+"""The `dsl-llada` command line: every subcommand's --help, generate / convert on tiny models, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
+from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.cli import main
+from dsl_llada.model import DSLModel
+from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+
+
+@pytest.fixture(scope="module")
+def toy_backbone_dir(tmp_path_factory):
+    """A tiny random LLaDA over the toy world's vocabulary, saved with the world's tokenizer."""
+    world = ToyWorld(ToyWorldConfig(n_topics=2))
+    tok = build_tokenizer(world)
+    s = special_ids(tok)
+    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
+                            bos_token_id=s["bos"])
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    path = tmp_path_factory.mktemp("cli") / "backbone"
+    save_backbone(bb, path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("sub", ["generate", "convert", "demo", "train"])
+def test_subcommand_help(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([sub, "--help"])
+    assert e.value.code == 0
+    assert sub in capsys.readouterr().out
+
+
+def test_convert_then_generate_sde_and_remask(toy_backbone_dir, tmp_path, capsys):
+    dsl_dir = tmp_path / "dsl"
+    assert main(["convert", str(toy_backbone_dir), str(dsl_dir), "--noise-dim", "16"]) == 0
+    model = DSLModel.from_pretrained(dsl_dir)
+    assert model.noise_dim == 16 and (dsl_dir / "tokenizer.json").exists()
+    prompts = ["write about the ocean .", "describe the forest ."]
+    for sampler, extra in (("sde", ["--nfe", "4"]), ("remask", ["--steps", "4"]), ("remdm", ["--steps", "4"]),
+                           ("block-sde", ["--nfe", "2", "--block-length", "4"])):
+        out = tmp_path / f"{sampler}.jsonl"
+        args = ["generate", "--model", str(dsl_dir), "--sampler", sampler, "--gen-length", "8", "--batch-size", "1",
+                "--output", str(out), "-q", *extra]
+        for p in prompts:
+            args += ["--prompt", p]
+        assert main(args) == 0, sampler
+        recs = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["index"] for r in recs] == [0, 1]
+        assert all(r["sampler"] == sampler and r["length"] <= 8 for r in recs)
+        assert all(r["seed"] == 42 + r["index"] for r in recs)
+        cfg = json.loads((tmp_path / f"{sampler}.jsonl.config.json").read_text())
+        assert cfg["sampler"] == sampler
+    # batch size does not change results: prompt i always uses seed + i
+    a = tmp_path / "b1.jsonl"
+    b = tmp_path / "b2.jsonl"
+    base = ["generate", "--model", str(dsl_dir), "--sampler", "sde", "--nfe", "4", "--gen-length", "8", "-q",
+            "--prompt", prompts[0], "--prompt", prompts[1]]
+    assert main([*base, "--batch-size", "1", "--output", str(a)]) == 0
+    assert main([*base, "--batch-size", "2", "--output", str(b)]) == 0
+    ids = lambda p: [json.loads(x)["response_ids"] for x in p.read_text().splitlines()]  # noqa: E731
+    assert ids(a) == ids(b)
+
+
+def test_generate_errors(toy_backbone_dir, capsys):
+    base = ["generate", "--model", str(toy_backbone_dir), "--prompt", "hi", "-q"]
+    # SDE needs a DSL checkpoint
+    assert main([*base, "--sampler", "sde", "--nfe", "4"]) == 2
+    assert "needs a DSL checkpoint" in capsys.readouterr().err
+    # odd NFE for Heun
+    assert main([*base, "--sampler", "sde", "--nfe", "5"]) == 2
+    assert "even" in capsys.readouterr().err
+    # prompt longer than the context
+    assert main([*base, "--sampler", "remask", "--steps", "4", "--gen-length", "400"]) == 2
+    assert "exceeds the model's context" in capsys.readouterr().err
+    # no prompts
+    assert main(["generate", "--model", str(toy_backbone_dir), "-q"]) == 2
+    assert "no prompts" in capsys.readouterr().err
+
+
+def test_missing_checkpoint_folder(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x", "--sampler", "remask"]) == 2
+    assert "does not exist" in capsys.readouterr().err
