@@ -67,10 +67,12 @@ def plot_nfe_curves(rows: Sequence[dict[str, Any]], path: str | Path,
         ax.grid(alpha=0.3)
     if panels and panels[0][0] == "ppl":
         axes[0].set_yscale("log")
-    axes[-1].legend(fontsize=8, loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    n_rows = -(-len(labels) // 4) if labels else 0
+    fig.tight_layout(rect=(0, 0.06 * n_rows, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)

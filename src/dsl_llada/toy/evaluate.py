@@ -46,6 +46,9 @@ BLOCKS = 4
 
 PAPER_METHODS = (
     Method("DSL-SDE", "dsl", "sde"),
+    # The paper's eta schedule was tuned for LLaDA-8B: its first Heun step (0.01 -> 7) injects per-coordinate noise
+    # of about 132*eta against a unit-norm state (1/sqrt(d) per coordinate), which swamps the toy model's signal.
+    Method("DSL-SDE (eta=0, beta x1)", "dsl", "sde", {"eta": 0.0, "beta_scale": 1.0}),
     Method("LLaDA", "base", "remask"),
     Method("LLaDA+EOS", "base", "remask", {"eos_inf": True}),
     Method("LLaDA+EOS+Block", "base", "remask", {"eos_inf": True, "blocks": True}),
