@@ -1,7 +1,8 @@
 """Sampler benchmarks, reported as ratios measured in one run and written to docs/benchmarks.md.
 
 (a) loop efficiency = (model calls x time of one model call measured alone) / whole sampling time
-    (a model call = one DSL forward, converter + backbone, for the SDE; one backbone forward for remasking);
+    (a model call = one denoiser evaluation, converter + backbone + top-M posterior mean, for the SDE; one
+    backbone forward for remasking);
 (b) samples/s at batch 1, 4, 16;
 (c) converter peak memory at V = 126,464, L = 2048 with and without token chunking (peak RSS of a fresh process).
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -26,12 +27,13 @@ from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.sde import sample_sde
+from dsl_llada.snr import snr_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PRESETS = {
     # LLaDA-shaped (SwiGLU, RMSNorm, RoPE, untied head, MHA), small enough for a 2-core CPU.
-    "small": dict(d_model=256, n_layers=4, n_heads=4, mlp_hidden_size=688, vocab_size=8192),
+    "small": dict(d_model=512, n_layers=8, n_heads=8, mlp_hidden_size=1376, vocab_size=4096),
     # LLaDA-8B-Instruct's shape (config.json), random weights; GPU only.
     "8b": dict(d_model=4096, n_layers=32, n_heads=32, mlp_hidden_size=12288, vocab_size=126464),
 }
@@ -55,15 +57,17 @@ def sync(device: str) -> None:
 
 
 def timed(fn, device: str, repeats: int) -> float:
+    """Median wall time of `repeats` calls after one warm-up (median, not min: the sampler's calls are not
+    all best-case either, so min-vs-total would understate the loop's efficiency)."""
     fn()
     sync(device)
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def prompts_for(model: DSLModel, batch: int, prompt_len: int, device: str) -> PromptBatch:
@@ -84,13 +88,19 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
     z = torch.randn(1, gen_length, model.noise_dim, device=device)
     beta = 2 * model.trained_beta
 
-    t_dsl = timed(lambda: model.logits_from_states(ids, z, state_mask, beta=beta, E=E), device, repeats)
+    # One SDE model call = one denoiser evaluation: converter -> backbone -> top-M posterior mean. Its cost depends
+    # a little on gamma (how peaked the converter softmax is), so average it over the sampler's own SNR grid.
+    y = torch.nn.functional.normalize(z.reshape(-1, model.noise_dim), dim=-1)
+    grid = snr_schedule("sensitive", nfe // 2).tolist()
+    t_dsl = sum(timed(lambda g=g: model.posterior_mean(
+        model.logits_from_states(ids, g * y, state_mask, beta=beta, E=E)[:, prompt_len:], 512, E), device, repeats)
+        for g in grid) / len(grid)
     t_bb = timed(lambda: model.logits_from_ids(ids), device, repeats)
 
     sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
     out = {}
     t_sde = timed(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0))),
-                  device, max(1, repeats // 2))
+                  device, repeats)
     calls = out["sde"].forward_passes
     res = {"sde": {"calls": calls, "t_call_s": t_dsl, "t_total_s": t_sde, "efficiency": calls * t_dsl / t_sde}}
     try:
@@ -98,7 +108,7 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
     except ImportError:
         return res
     rm_cfg = RemaskConfig(steps=nfe, gen_length=gen_length)
-    t_rm = timed(lambda: out.__setitem__("rm", sample_remask(model.backbone, pb, rm_cfg)), device, max(1, repeats // 2))
+    t_rm = timed(lambda: out.__setitem__("rm", sample_remask(model.backbone, pb, rm_cfg)), device, repeats)
     calls = out["rm"].forward_passes
     res["remask"] = {"calls": calls, "t_call_s": t_bb, "t_total_s": t_rm, "efficiency": calls * t_bb / t_rm}
     return res
@@ -116,16 +126,24 @@ def throughput(model: DSLModel, device: str, gen_length: int, prompt_len: int, n
     return res
 
 
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
 def _converter_peak_child(chunk: int, L: int, V: int, H: int) -> None:
     from dsl_llada.converter import Converter
 
     conv = Converter(ConverterConfig(noise_dim=100, token_chunk=chunk), V, H)
     E = torch.nn.functional.normalize(torch.randn(V, 100), dim=-1)
     z = torch.randn(L, 100) * 10
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+    base = _status_kib("VmRSS")
     with torch.no_grad():
         conv(z, E)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _status_kib("VmHWM")
     print(json.dumps({"base_kib": base, "peak_kib": peak, "growth_kib": peak - base}))
 
 

@@ -19,6 +19,12 @@ from torch.utils.checkpoint import checkpoint
 from .config import ConverterConfig
 
 
+def _flush_tiny(p: torch.Tensor) -> torch.Tensor:
+    """Zero probabilities below the smallest normal float. At high SNR most of the softmax underflows into
+    subnormals, which make the following CPU matmul several times slower; their total mass is < V * 1e-38."""
+    return p.masked_fill(p < torch.finfo(p.dtype).tiny, 0.0)
+
+
 class NoiseEmbedding(nn.Module):
     """The (V, d) table of unit-norm token directions e_v (checkpoint key `noise_embed.weight`)."""
 
@@ -99,7 +105,7 @@ class Converter(nn.Module):
     def _chunk(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         # The (V+1)-way softmax stays fp32 even under bf16 autocast (bf16 has too few digits for 126k slots).
         with torch.autocast(device_type=z.device.type, enabled=False):
-            pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
+            pi = _flush_tiny(torch.softmax(self.slot_logits(z, E, beta), dim=-1))
         W = self.backbone_embedding.weight
         h = pi.to(W.dtype) @ W.T
         if self.backbone_embedding.bias is not None:
@@ -178,7 +184,7 @@ def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chun
         lc = flat[s : s + chunk].float()
         if top_m and top_m < lc.shape[-1]:
             vals, idx = lc.topk(top_m, dim=-1)
-            p = torch.softmax(vals, dim=-1)
+            p = _flush_tiny(torch.softmax(vals, dim=-1))
             outs.append(torch.einsum("nm,nmd->nd", p, E32[idx]))
         else:
             outs.append(torch.softmax(lc, dim=-1) @ E32)

@@ -138,12 +138,13 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
         if i == 0:
             schedule = _row_schedule(x[:, lo:hi] == mask_id, S_b)
 
-        # logits of the current block only, in float64 (CFG: prompt -> MASK in the unconditional copy)
-        logits = forward(x, attn)[:, lo:hi].to(torch.float64)
+        # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
+        # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
+        logits = forward(x, attn)[:, lo:hi].float()
         if config.cfg_scale > 0:
             un_x = x.clone()
             un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = forward(un_x, attn)[:, lo:hi].to(torch.float64)
+            un = forward(un_x, attn)[:, lo:hi].float()
             logits = un + (config.cfg_scale + 1.0) * (logits - un)
         logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
         for tok in _banned_ids(config, special, i, n_suppress):
@@ -152,10 +153,14 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
         # proposal x0: argmax of exp(logits) / (-log U)^T  ==  argmax of logits - T log(-log U)
         if T > 0:
             u = _uniform(rng, tuple(logits.shape), device)
-            x0 = (logits - T * torch.log(-torch.log(u))).argmax(dim=-1)
+            x0 = (logits.double() - T * torch.log(-torch.log(u))).argmax(dim=-1)
         else:
-            x0 = logits.argmax(dim=-1)
-        probs = torch.softmax(logits, dim=-1)
+            x0 = logits.argmax(dim=-1)  # fp32 -> fp64 is exact, so this equals the float64 argmax
+        lse = torch.logsumexp(logits, dim=-1).double()
+
+        def probs(idx: torch.Tensor) -> torch.Tensor:
+            """softmax(logits)[idx] in float64, computed only at the gathered ids."""
+            return (logits.gather(-1, idx.unsqueeze(-1)).squeeze(-1).double() - lse).exp()
 
         xb = x[:, lo:hi].clone()
         masked = xb == mask_id
@@ -170,7 +175,7 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
             masked = masked | remasked
 
         if config.remasking == "low_confidence":
-            conf = probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+            conf = probs(x0)
         else:
             conf = _uniform(rng, tuple(masked.shape), device)
         conf = conf.masked_fill(~masked, NEG_INF)

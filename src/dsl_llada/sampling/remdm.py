@@ -53,7 +53,7 @@ def remask_probabilities(conf: torch.Tensor, committed: torch.Tensor, sigma: flo
     return probs.masked_fill(~committed, 0.0)
 
 
-def remask_confidence(probs: torch.Tensor, block_tokens: torch.Tensor, proposal: torch.Tensor,
+def remask_confidence(probs, block_tokens: torch.Tensor, proposal: torch.Tensor,
                       masked: torch.Tensor, mode: str) -> torch.Tensor:
     """conf_j for the uncertainty u_j = 1 - conf_j.
 
@@ -64,6 +64,8 @@ def remask_confidence(probs: torch.Tensor, block_tokens: torch.Tensor, proposal:
         idx = proposal
     else:
         idx = torch.where(masked, proposal, block_tokens)
+    if callable(probs):  # a prob_at(idx) function (the sampler avoids materialising the full softmax)
+        return probs(idx)
     return probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
 
 
