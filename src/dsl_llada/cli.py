@@ -58,7 +58,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         prompts += read_prompts(a.prompts_file, a.prompt_field)
     if not prompts:
         raise ValueError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE.jsonl")
+    from .backbones import resolve_model_path  # noqa: PLC0415
+
     device = a.device or default_device()
+    a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     model = load_model(a.model, dtype=parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")),
                        device=device)
     tok = load_tokenizer(a.tokenizer or a.model)
@@ -83,6 +86,9 @@ def cmd_convert(a: argparse.Namespace) -> int:
                                               layout=a.layout, trainable_noise_embed=not a.frozen_noise_embed,
                                               noise_seed=a.seed),
                     context_embedding=a.context_embedding)
+    from .backbones import resolve_model_path  # noqa: PLC0415
+
+    a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
     model = DSLModel.convert(backbone, cfg)
     extra = {}
@@ -108,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
-    g.add_argument("--model", required=True, help="local checkpoint folder (DSL or backbone)")
+    g.add_argument("--model", required=True, help="checkpoint folder (DSL or backbone), or a hub id with --allow-download")
+    g.add_argument("--allow-download", action="store_true", help="allow fetching --model from the Hugging Face hub")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     g.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     g.add_argument("--prompts-file", default=None, help="JSONL file with one prompt per line (or .txt)")
@@ -126,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
     c.add_argument("output", help="output folder")
+    c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
     c.add_argument("--noise-dim", type=int, default=100)
     c.add_argument("--noise-init", default="random", choices=["random", "pca"])
     c.add_argument("--beta-init", type=float, default=1.0)

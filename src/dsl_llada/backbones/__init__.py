@@ -62,7 +62,8 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     if p.is_dir():
         return p
     if not allow_download:
-        raise CheckpointError(f"{name_or_path!r} is not a local folder; pass --allow-download to fetch a hub id")
+        raise CheckpointError(f"checkpoint folder {name_or_path!r} does not exist (to fetch a Hugging Face hub id instead, "
+                              f"pass --allow-download)")
     from huggingface_hub import snapshot_download  # noqa: PLC0415
 
     return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
