@@ -313,7 +313,7 @@ def test_model_type_mismatch_is_refused(tmp_path):
 
 
 def test_output_embeddings_is_the_untied_head_or_wte():
-    from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig, tiny_llada_config
+    from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
 
     untied = LLaDABackbone(tiny_llada_config(64))
     assert untied.output_embeddings() is untied.model.transformer.ff_out

@@ -43,11 +43,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import glob
 import itertools
-import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +54,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .sft import RenderPrompt, build_sft_example, normalize_sft_record
+from .sources import expand_files, make_encoder, read_file, text_of
 
 __all__ = ["DataConfig", "TokenBlockDataset", "make_encoder", "collate_blocks", "make_dataloader"]
 
@@ -165,87 +164,6 @@ class DataConfig:
         return cls(**dict(d))
 
 
-def make_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
-    """Batch encoder ``list[str] -> list[list[int]]`` without special tokens.
-
-    Accepts a transformers tokenizer, a ``tokenizers.Tokenizer``, or a callable ``str -> ids``.
-    """
-    if callable(tokenizer) and hasattr(tokenizer, "eos_token_id"):  # transformers tokenizer
-        return lambda texts: [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    if hasattr(tokenizer, "encode_batch"):  # tokenizers.Tokenizer
-        return lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    if callable(tokenizer):
-        return lambda texts: [[int(t) for t in tokenizer(x)] for x in texts]
-    raise TypeError(f"tokenizer must be a transformers tokenizer, a tokenizers.Tokenizer or a callable "
-                    f"str -> token ids, got {type(tokenizer).__name__}")
-
-
-def _expand_files(patterns: list[str]) -> list[str]:
-    paths: list[str] = []
-    for p in patterns:
-        if glob.has_magic(p):
-            hits = sorted(glob.glob(p))
-            if not hits:
-                raise FileNotFoundError(f"DataConfig.files pattern {p!r} matched no files")
-            paths += hits
-        elif not os.path.isfile(p):
-            raise FileNotFoundError(f"DataConfig.files: no such file {p!r}")
-        else:
-            paths.append(p)
-    return paths
-
-
-def _read_file(path: str, txt_documents: str) -> Iterator[tuple[Any, str]]:
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"reading {path!r} needs pyarrow: pip install pyarrow") from None
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for rec in batch.to_pylist():
-                yield rec, f"{path} row {row}"
-                row += 1
-        return
-    with open(path, encoding="utf-8") as f:
-        if ext == ".jsonl":
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line), f"{path} line {lineno}"
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
-        elif txt_documents == "file":
-            yield f.read(), path
-        else:  # blank-line-separated paragraphs
-            para: list[str] = []
-            start = 0
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    start = start if para else lineno
-                    para.append(line.rstrip("\r\n"))
-                elif para:
-                    yield "\n".join(para), f"{path} line {start}"
-                    para = []
-            if para:
-                yield "\n".join(para), f"{path} line {start}"
-
-
-def _text_of(rec: Any, where: str, field: str) -> str:
-    if isinstance(rec, str):
-        return rec
-    if isinstance(rec, Mapping):
-        if field not in rec:
-            raise ValueError(f"{where}: missing text field {field!r} (keys present: {sorted(rec)[:20]}); "
-                             f"set DataConfig.text_field")
-        value = rec[field]
-        if value is None or isinstance(value, str):
-            return value or ""
-        raise ValueError(f"{where}: text field {field!r} must be a string, got {type(value).__name__}")
-    raise ValueError(f"{where}: expected a string or a dict with field {field!r}, got {type(rec).__name__}")
-
-
 class TokenBlockDataset(IterableDataset):
     """Resumable, rank-sharded stream of fixed-length training blocks (see module docstring).
 
@@ -283,7 +201,7 @@ class TokenBlockDataset(IterableDataset):
         if isinstance(texts, (str, bytes)):
             raise ValueError("texts= must be a list of documents (strings or records), got a single string")
         self._texts = None if texts is None else list(texts)
-        self._files = _expand_files(config.files) if config.files is not None else None
+        self._files = expand_files(config.files) if config.files is not None else None
         self._resume_pending = False
         self._reset(0)
 
@@ -299,7 +217,7 @@ class TokenBlockDataset(IterableDataset):
             yield from ((t, f"texts[{i}]") for i, t in enumerate(self._texts))
         elif self._files is not None:
             for path in self._files:
-                yield from _read_file(path, cfg.txt_documents)
+                yield from read_file(path, cfg.txt_documents)
         else:
             try:
                 import datasets
@@ -441,7 +359,7 @@ class TokenBlockDataset(IterableDataset):
         cfg = self.config
         sep = [self.eos_id] if cfg.insert_eos_separator else []
         yield from self._flush()  # a resumed state may still hold full blocks
-        records = ((i, _text_of(r, w, cfg.text_field)) for i, r, w in self._kept_records())
+        records = ((i, text_of(r, w, cfg.text_field)) for i, r, w in self._kept_records())
         chunks = iter(lambda: list(itertools.islice(records, _ENCODE_CHUNK)), [])
         for chunk in chunks:
             for (i, _), ids in zip(chunk, self._encode([t for _, t in chunk])):

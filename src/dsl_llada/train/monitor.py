@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..converter import noisy_states
-from .objectives import eligible_positions, mdm_corrupt
+from .objectives import eligible_positions
 
 __all__ = ["clean_eval", "converter_stats", "default_gamma_max", "effective_rank", "eval_mode", "fixed_snr_eval",
            "infill_eval", "mean_abs_cos", "monitor_all", "nll_bound_curve", "nll_upper_bound",
