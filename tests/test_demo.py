@@ -61,6 +61,7 @@ def test_report_tables(quick_report):
         assert heading in text
     for m in EXPECTED_METHODS:
         assert f"| {m} |" in text
+    assert "dsl (converter path)" in text
     assert "nan" not in text.lower()
 
 

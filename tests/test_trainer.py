@@ -457,9 +457,16 @@ def test_python_dash_m_entry_point():
 def test_tensorboard_logging_and_optional_wandb(backbone_dir, tmp_path):
     cfg = tiny_config(backbone_dir, tmp_path / "tb", max_steps=2, log_every=1, eval_every=2, save_every=0,
                       logging="tensorboard")
-    train(cfg, tokenizer=letters, texts=corpus())
-    assert list((tmp_path / "tb" / "tensorboard").rglob("events.out.tfevents.*"))
-    assert len(read_metrics(tmp_path / "tb" / "metrics.jsonl")) == 2  # JSONL is always written
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:  # an optional extra: without it, one clear error before any work is done
+        with pytest.raises(ConfigError, match="pip install tensorboard"):
+            train(cfg, tokenizer=letters, texts=corpus())
+        assert not (tmp_path / "tb" / "checkpoint-1").exists()
+    else:
+        train(cfg, tokenizer=letters, texts=corpus())
+        assert list((tmp_path / "tb" / "tensorboard").rglob("events.out.tfevents.*"))
+        assert len(read_metrics(tmp_path / "tb" / "metrics.jsonl")) == 2  # JSONL is always written
     try:
         import wandb  # noqa: F401
     except ImportError:

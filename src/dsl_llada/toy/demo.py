@@ -246,7 +246,7 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
                   markdown_table(sum_rows, [("method", "method", ""), ("nfe", "NFE", ""), ("rouge1", "R-1", ".1f"),
                                             ("rouge2", "R-2", ".1f"), ("rougeL", "R-L", ".1f"), ("ppl", "PPL", ".2f"),
                                             ("len", "Len", ".1f")]), ""]
-    parts += ["## Random-token error correction (single forward, discrete path; Fix/Clean %)", "",
+    parts += ["## Random-token error correction (single forward; Fix/Clean %)", "",
               markdown_table(fixclean, [("model", "model", ""), ("rate", "corrupted", ".0%"), ("fix", "Fix", ".1f"),
                                         ("clean", "Clean", ".1f")]), "",
               "## Timings (s)", "", "| stage | seconds |", "|---|---|"]

@@ -126,17 +126,24 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def error_correction(models: Mapping[str, torch.nn.Module], tokenizer, examples: Sequence[TaskExample],
                      rates: Sequence[float] = (0.1, 0.3, 0.5), *, n_words: int, seed: int = 42) -> list[dict[str, Any]]:
     """Random-token error correction (paper T1): corrupt a fraction of a clean response's tokens with random word
-    ids, one forward through the discrete path, argmax; Fix/Clean per text, macro-averaged over texts."""
+    ids, one forward, argmax; Fix/Clean per text, macro-averaged over texts. Every model is read through its
+    discrete path (wte, the authors' protocol); DSL models also through the converter's clean embeddings
+    W[:, id] + c, the input pathway DSL training actually adapted (the authors' probes never exercise it)."""
     rows = []
     texts = [tokenizer.encode(ex.response, add_special_tokens=False) for ex in examples if ex.response.strip()]
+    paths = []
     for name, model in models.items():
         model.eval()
+        paths.append((name, model.logits_from_ids))
+        if hasattr(model, "context_embed"):  # a DSL model also reads clean tokens through its trained converter
+            paths.append((f"{name} (converter path)", lambda ids, m=model: m.backbone(m.context_embed(ids))))
+    for name, logits_fn in paths:
         for rate in rates:
             results = []
             for t, ids in enumerate(texts):
                 rng = np.random.default_rng(seed + t)
                 corrupted, _ = M.corrupt_random_tokens(ids, rate, rng, 0, n_words)
-                logits = model.logits_from_ids(torch.as_tensor(corrupted)[None])
+                logits = logits_fn(torch.as_tensor(corrupted)[None])
                 pred = logits[0].argmax(-1).tolist()
                 results.append(M.fix_clean(ids, corrupted.tolist(), pred))
             avg = M.macro_fix_clean(results)
