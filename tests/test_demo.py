@@ -76,3 +76,13 @@ def test_demo_help():
     with pytest.raises(SystemExit) as e:
         main(["demo", "--help"])
     assert e.value.code == 0
+
+
+def test_controls_flag_adds_mdm_cpt_and_xdlm(quick_report, capsys):
+    assert main(["demo", "--quick", "--controls", "--out", str(quick_report), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "DSL continue-pretraining: cached" in out and "MDM-CPT control (" in out and "XDLM control (" in out
+    rows = [json.loads(line) for line in (quick_report / "results.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == EXPECTED_METHODS | {"MDM-CPT", "XDLM"}
+    text = (quick_report / "report.md").read_text()
+    assert "| mdm | 10% |" in text and "| xdlm | 50% |" in text
