@@ -168,11 +168,18 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", action="store_true", help="append the results to docs/benchmarks.md")
+    ap.add_argument("--efficiency-rounds", type=int, default=0,
+                    help="only measure loop efficiency, this many times (shows the run-to-run spread)")
     a = ap.parse_args()
     torch.manual_seed(0)
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = build_model(a.preset, a.device, dtype)
     gen, prompt, nfe = (64, 16, 16) if a.quick else (128, 32, 32)
+    if a.efficiency_rounds:
+        for _ in range(a.efficiency_rounds):
+            r = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=7)
+            print(json.dumps({k: round(v["efficiency"], 3) for k, v in r.items()}))
+        return
     eff = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=3 if a.quick else 5)
     thr = throughput(model, a.device, gen, prompt, nfe, [1, 4] if a.quick else [1, 4, 16])
     mem = converter_memory() if a.device == "cpu" else {}
