@@ -40,13 +40,7 @@ SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as the launched processes (torchrun/accelerate set OMP_NUM_THREADS=1)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

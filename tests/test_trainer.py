@@ -36,14 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread (the tiny model gains nothing from two, and a busy CPU makes spinning OpenMP threads very
-    slow); the killed subprocess gets OMP_NUM_THREADS=1 too, so bitwise comparisons see the same kernels."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

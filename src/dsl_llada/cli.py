@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .utils import run_cli_command
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -165,14 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted; finished artifacts are kept, partial ones were not written", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_cli_command(args.func, args,
+                           interrupted="interrupted; finished artifacts are kept, partial ones were not written")
 
 
 if __name__ == "__main__":

@@ -63,3 +63,17 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
     from tqdm.auto import tqdm
 
     return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
+
+
+def run_cli_command(func, args, *, interrupted: str) -> int:
+    """Run a CLI subcommand: bad input becomes one `error: ...` line and exit code 2, Ctrl-C exit code 130."""
+    import sys  # noqa: PLC0415
+
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -11,6 +11,8 @@ import json
 import logging
 import sys
 
+from ..utils import run_cli_command
+
 __all__ = ["add_train_arguments", "add_train_parser", "build_train_parser", "main", "run_train"]
 
 EPILOG = """\
@@ -83,14 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if os_rank() != 0:
         logging.getLogger().setLevel(logging.WARNING)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted; the last complete checkpoint is kept (resume='auto' continues from it)", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_cli_command(args.func, args,
+                           interrupted="interrupted; the last complete checkpoint is kept (resume='auto' continues from it)")
 
 
 def os_rank() -> int:
