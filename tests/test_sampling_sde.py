@@ -410,3 +410,16 @@ def test_block_sde_same_seed_same_tokens(model):
     a = sample_block_sde(model, prompts(model), c, generator=gen(8))
     b = sample_block_sde(model, prompts(model), c, generator=gen(8))
     assert torch.equal(a.ids, b.ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_generators_drive_a_cuda_model_identically(model):
+    """Prompt i's generator lives on the CPU (as `dsl-llada generate` makes them); the run works and, up to fp
+    differences between devices, gives the CPU run's tokens."""
+    c = cfg(gen_length=8, nfe=4)
+    cpu = sample_sde(model, prompts(model), c, generator=[gen(i) for i in range(3)])
+    cuda = sample_sde(model.to("cuda"), prompts(model), c, generator=[gen(i) for i in range(3)])
+    model.to("cpu")
+    assert cuda.forward_passes == cpu.forward_passes == 5
+    assert (cpu.ids == cuda.ids).float().mean() >= 0.9

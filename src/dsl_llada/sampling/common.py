@@ -69,9 +69,12 @@ class RowRNG:
         self.batch = batch
 
     def _draw(self, fn: Callable[..., torch.Tensor], shape: tuple[int, ...], device, dtype) -> torch.Tensor:
+        # Draw on each generator's own device (a CPU generator with a CUDA model is the common case), then move:
+        # the numbers depend only on the generator, not on where the model runs.
         if self.rows is None:
-            return fn(shape, generator=self.gen, device=device, dtype=dtype)
-        return torch.stack([fn(shape[1:], generator=g, device=device, dtype=dtype) for g in self.rows])
+            gdev = self.gen.device if self.gen is not None else device
+            return fn(shape, generator=self.gen, device=gdev, dtype=dtype).to(device)
+        return torch.stack([fn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in self.rows]).to(device)
 
     def randn(self, shape: tuple[int, ...], device=None, dtype=torch.float32) -> torch.Tensor:
         return self._draw(torch.randn, shape, device, dtype)

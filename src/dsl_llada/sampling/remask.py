@@ -80,10 +80,8 @@ def _context_limit(model) -> int | None:
 
 
 def _uniform(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Float64 U[0, 1) draws made on the generator's own device (a CPU generator works with a GPU model)."""
-    gen = rng.rows[0] if rng.rows else rng.gen
-    where = gen.device if gen is not None else device
-    return rng.rand(shape, device=where, dtype=torch.float64).to(device)
+    """Float64 U[0, 1) draws (RowRNG draws on the generator's own device, so a CPU generator works with a GPU model)."""
+    return rng.rand(shape, device=device, dtype=torch.float64)
 
 
 def _banned_ids(config: RemaskConfig, special, block_step: int, n_suppress: int) -> list[int]:
