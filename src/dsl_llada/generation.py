@@ -46,9 +46,11 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: 
 
 def load_tokenizer(path: str | Path):
     """A Hugging Face tokenizer from a local folder (never the hub; no remote code)."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: PLC0415
 
     try:
+        if (Path(path) / "tokenizer.json").exists():  # a fast tokenizer file: no need to read the model's config
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"could not load a tokenizer from {str(path)!r}: {e}") from None
