@@ -170,10 +170,15 @@ class Demo:
         return bb
 
     def _block(self, train) -> int:
-        longest = max(len(self.tok.encode(self.tok.apply_chat_template([{"role": "user", "content": e.prompt}],
+        """Block size of the SFT tensors: the longest chat-templated prompt + gen_length (computed once per run)."""
+        if getattr(self, "_block_size", None) is None:
+            self._block_size = self._longest_prompt(train) + self.gen_length
+        return self._block_size
+
+    def _longest_prompt(self, train) -> int:
+        return max(len(self.tok.encode(self.tok.apply_chat_template([{"role": "user", "content": e.prompt}],
                                                                         add_generation_prompt=True, tokenize=False),
                                           add_special_tokens=False)) for e in train)
-        return longest + self.gen_length
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -196,8 +201,7 @@ class Demo:
         truth = [score_record(self.world, ex, ex.response, method="World (true samples)", nfe=0, seed=None, index=i,
                               forward_passes=0) for i, ex in enumerate(evals)]
         self.truth_rows = aggregate(truth)
-        ec_models = {k: v for k, v in models.items()}
-        fixclean = error_correction(ec_models, self.tok, evals[: self.cfg.n_eval_open], n_words=len(self.world.words),
+        fixclean = error_correction(models, self.tok, evals[: self.cfg.n_eval_open], n_words=len(self.world.words),
                                     seed=42)
         self.echo("[4/4] writing the report")
         self.timings["total_s"] = time.perf_counter() - t0
