@@ -131,8 +131,9 @@ def check_prompt_texts(prompts: Sequence[str]) -> None:
     """Refuse empty (or whitespace-only) prompts up front, naming the first few."""
     empty = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
     if empty:
-        raise ValueError(f"prompt(s) {empty[:5]}{' ...' if len(empty) > 5 else ''} (0-based, in the order given) "
-                         f"{'is' if len(empty) == 1 else 'are'} empty; every prompt needs some text")
+        which = f"prompt {empty[0]} is" if len(empty) == 1 else \
+            f"prompts {', '.join(map(str, empty[:5]))}{' ...' if len(empty) > 5 else ''} are"
+        raise ValueError(f"{which} empty (counting from 0 in the order given); every prompt needs some text")
 
 
 def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | None, gen_length: int) -> None:

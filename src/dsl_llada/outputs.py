@@ -175,8 +175,8 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, sources: It
             else:
                 unknown = unknown_entries(out, kind)
                 shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+                even = ", even with --overwrite" if k.allowed is not None else ""
                 raise OutputError(f"{what} {str(raw)!r} is not empty and is not a {k.name} written by dsl-llada "
-                                  f"(it holds {shown}); nothing there is deleted, even with --overwrite — choose a "
-                                  f"new or empty folder")
+                                  f"(it holds {shown}); nothing there is replaced{even} — choose a new or empty folder")
     check_writable(out, what=what)
     return out

@@ -19,6 +19,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,14 @@ from .utils import atomic_write_text
 __all__ = ["RecordFile", "settings_diff"]
 
 log = logging.getLogger(__name__)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a regular file may take a short write when the disk fills up)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -53,7 +62,7 @@ class RecordFile:
         self.path, self.settings, self.done = path, settings, done
         self.config_path = Path(str(path) + ".config.json")
         self._valid_bytes, self._fresh = valid_bytes, fresh
-        self._f = None
+        self._fd: int | None = None
         self.written = 0
         """Records appended by this run."""
 
@@ -120,14 +129,14 @@ class RecordFile:
         starting afresh), and open the file for appending."""
         if self._fresh:
             atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)  # the umask applies
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
         try:
             os.ftruncate(fd, self._valid_bytes)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
             raise
-        self._f = os.fdopen(fd, "ab")
+        self._fd = fd
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Append records as JSON lines with one write, flushed and fsynced. On failure (a full disk) the file is
@@ -136,14 +145,11 @@ class RecordFile:
             return
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
         try:
-            self._f.write(data)
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            _write_all(self._fd, data)
+            os.fsync(self._fd)
         except OSError as e:
-            try:
-                os.ftruncate(self._f.fileno(), self._valid_bytes)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._valid_bytes)
             raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
         self._valid_bytes += len(data)
         for r in records:
@@ -151,11 +157,9 @@ class RecordFile:
         self.written += len(records)
 
     def close(self) -> None:
-        if self._f is not None:
-            try:
-                self._f.close()
-            finally:
-                self._f = None
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def finish(self, n_items: int) -> None:
         """Close; check the file holds exactly indices 0..n-1 once each, in order (rewrite sorted if needed)."""
