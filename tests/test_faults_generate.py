@@ -58,6 +58,32 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+def before_each_batch(monkeypatch, check) -> None:
+    """Call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a fault)."""
+    real = generation_mod.run_sampler
+
+    def wrapped(model_, batch, choice, *, generator=None, progress=False):
+        check([g.initial_seed() - 42 for g in generator])
+        return real(model_, batch, choice, generator=generator, progress=progress)
+
+    monkeypatch.setattr(generation_mod, "run_sampler", wrapped)
+
+
+def interrupted_then_resumed(monkeypatch, owner, name, fault, argv, *, rc, reference, n_kept, capsys) -> str:
+    """Run `argv` with `owner.name` replaced by `fault(real)`: it must exit `rc` with the first `n_kept` records
+    of `reference` on disk; then rerun unpatched, which must end with exactly `reference`. Returns the stderr."""
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, fault(real))
+    assert main(argv) == rc
+    err = capsys.readouterr().err
+    out = Path(argv[argv.index("--output") + 1])
+    assert out.read_text() == "".join(reference.splitlines(keepends=True)[:n_kept])
+    monkeypatch.setattr(owner, name, real)
+    assert main(argv) == 0
+    assert out.read_text() == reference
+    return err
+
+
 def one_error(capsys) -> str:
     found = error_lines(capsys.readouterr().err)
     assert len(found) == 1, found
@@ -167,13 +193,7 @@ def test_resume_skips_finished_prompts_and_matches_an_uninterrupted_run(model, p
     out.write_text("".join(ref_lines[:4]) + ref_lines[4][:25])  # 4 records, then a write cut off by kill -9
     Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
     seen: list[list[int]] = []
-    real = generation_mod.run_sampler
-
-    def spy(model_, batch, choice, *, generator=None, progress=False):
-        seen.append([g.initial_seed() - 42 for g in generator])
-        return real(model_, batch, choice, generator=generator, progress=progress)
-
-    monkeypatch.setattr(generation_mod, "run_sampler", spy)
+    before_each_batch(monkeypatch, seen.append)
     assert main(args(model, prompts_file, out, "--resume")) == 0
     assert seen == [[4, 5], [6, 7, 8], [9, 10, 11]]  # the fixed batch grid, minus what was done
     assert out.read_text() == reference  # the partial line is gone, the records are exactly the reference's
@@ -218,58 +238,49 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_records(model, tmp_p
 
 
 def test_ctrl_c_keeps_finished_batches_and_says_so(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+    def interrupt_third(real):
+        calls = []
+
+        def run(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        return run
+
     out = tmp_path / "o.jsonl"
-    real = generation_mod.run_sampler
-    calls = []
-
-    def interrupt_third(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(generation_mod, "run_sampler", interrupt_third)
-    assert main(args(model, prompts_file, out)) == 130
-    err = capsys.readouterr().err
+    err = interrupted_then_resumed(monkeypatch, generation_mod, "run_sampler", interrupt_third,
+                                   args(model, prompts_file, out), rc=130, reference=reference, n_kept=6, capsys=capsys)
     assert f"6 of {N} records are saved in {out}" in err
-    assert out.read_text() == "".join(reference.splitlines(keepends=True)[:6])
-    monkeypatch.setattr(generation_mod, "run_sampler", real)
-    assert main(args(model, prompts_file, out)) == 0
-    assert out.read_text() == reference
 
 
 def test_full_disk_while_appending_keeps_finished_records(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+    def fill_up_on_second_batch(real):
+        writes = []
+
+        def write(fd, data):
+            writes.append(len(data))
+            if len(writes) == 2:
+                os.write(fd, data[: len(data) // 2])  # half a batch reaches the disk, then it is full
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fd, data)
+        return write
+
     out = tmp_path / "o.jsonl"
-    real = records_mod._write_all
-    writes = []
-
-    def fill_up(fd, data):
-        writes.append(len(data))
-        if len(writes) == 2:
-            os.write(fd, data[: len(data) // 2])  # half a batch reaches the disk, then it is full
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd, data)
-
-    monkeypatch.setattr(records_mod, "_write_all", fill_up)
-    assert main(args(model, prompts_file, out)) == 2
-    line = one_error(capsys)
-    assert "no space left on the device" in line and str(out) in line
-    assert out.read_text() == "".join(reference.splitlines(keepends=True)[:3])  # cut back to the last whole record
-    monkeypatch.setattr(records_mod, "_write_all", real)
-    assert main(args(model, prompts_file, out)) == 0
-    assert out.read_text() == reference
+    err = interrupted_then_resumed(monkeypatch, records_mod, "_write_all", fill_up_on_second_batch,
+                                   args(model, prompts_file, out), rc=2, reference=reference, n_kept=3, capsys=capsys)
+    found = error_lines(err)
+    assert len(found) == 1 and "no space left on the device" in found[0] and str(out) in found[0]
 
 
 def test_a_failing_prompt_is_recorded_and_the_run_goes_on(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "o.jsonl"
-    real = generation_mod.run_sampler
 
-    def oom_on_prompt_4(model_, batch, choice, *, generator=None, progress=False):
-        if any(g.initial_seed() == 42 + 4 for g in generator):
+    def oom_on_prompt_4(indices):
+        if 4 in indices:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real(model_, batch, choice, generator=generator, progress=progress)
 
-    monkeypatch.setattr(generation_mod, "run_sampler", oom_on_prompt_4)
+    before_each_batch(monkeypatch, oom_on_prompt_4)
     assert main(args(model, prompts_file, out)) == 0
     assert "1 prompt(s) failed" in capsys.readouterr().err
     got, want = lines(out), [json.loads(x) for x in reference.splitlines()]
