@@ -55,7 +55,8 @@ def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype:
     import hashlib  # noqa: PLC0415
 
     digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
-    return {"model": str(a.model), "tokenizer": str(a.tokenizer or a.model), "sampler": choice.name,
+    return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
+            "sampler": choice.name,
             "config": choice.config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
             "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
 
@@ -78,8 +79,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .backbones import resolve_model_path  # noqa: PLC0415
 
     device = a.device or default_device()
-    dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    parse_dtype(dtype)
+    dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # checked before the model is loaded: nothing is written yet
