@@ -306,3 +306,16 @@ def test_nan_weights_fail_clearly_naming_the_model(model, tmp_path, capsys):
         line = one_error(capsys)
         assert str(bad) in line and "non-finite" in line
         assert out.read_text() == ""
+
+
+def test_two_runs_never_append_to_one_output(model, prompts_file, reference, tmp_path, capsys):
+    fcntl = pytest.importorskip("fcntl")
+    out = tmp_path / "o.jsonl"
+    out.write_text(reference.splitlines(keepends=True)[0])
+    Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
+    with open(out, "a") as other:  # another generate run holds the file
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(args(model, prompts_file, out)) == 2
+        assert "being written by another running process" in one_error(capsys)
+    assert out.read_text() == reference.splitlines(keepends=True)[0]
+

@@ -274,3 +274,12 @@ def test_demo_cache_damage_is_detected_and_rebuilt(tmp_path, monkeypatch):
         ref = bb.state_dict()
         assert all(torch.equal(v, ref[k]) for k, v in rebuilt.state_dict().items())  # the same stage, rebuilt
     assert demo_mod.verify_checksums(cached) is None
+    n = len(calls)
+    (cached / "checksums.json").unlink()  # a complete stage cached by a version without checksums: adopted
+    demo.pretrained(train)
+    assert len(calls) == n and "predates checksums" in echoed[-1] and demo_mod.verify_checksums(cached) is None
+    (cached / "checksums.json").unlink()
+    (cached / "loss_curve.json").unlink()  # a stage interrupted before its last file: rebuilt
+    echoed.clear()
+    demo.pretrained(train)
+    assert len(calls) == n + 1 and "no checksums.json" in echoed[0]

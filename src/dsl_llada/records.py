@@ -42,6 +42,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _lock(fd: int, path: Path) -> None:
+    """An exclusive advisory lock for the run's lifetime, so two runs never append to one file (POSIX only)."""
+    try:
+        import fcntl  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(f"--output {str(path)!r} is being written by another running process; wait for it to "
+                          f"finish (then rerun to resume) or choose another file") from None
+
+
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """'field (old -> new)' for every field that differs, nested dicts flattened with dots."""
     out = []
@@ -131,6 +144,7 @@ class RecordFile:
             atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
         try:
+            _lock(fd, self.path)
             os.ftruncate(fd, self._valid_bytes)
             os.fsync(fd)
         except BaseException:

@@ -160,6 +160,11 @@ class Demo:
         problem = verify_checksums(path)
         if problem is None:
             return path, True
+        if not (path / CHECKSUMS).exists() and (path / "loss_curve.json").is_file() and (path / "config.json").is_file():
+            # complete (loss_curve.json was its last file) but written before checksums existed: seal it as found
+            self.echo(f"note: cached stage {path.name} predates checksums; using it and recording them now")
+            write_checksums(path)
+            return path, True
         self.echo(f"warning: cached stage {path} is damaged ({problem}); rebuilding it")
         shutil.rmtree(path)
         return path, False
