@@ -85,8 +85,6 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.output:  # checked before the model is loaded: nothing is written yet
         out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
-        if out.done:
-            print(f"resuming {a.output}: {len(out.done)} of {len(prompts)} prompts already done", file=sys.stderr)
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
     tok = load_tokenizer(a.tokenizer or a.model)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
@@ -101,6 +99,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     if out is not None:
         out.begin()
+        if out.done:
+            print(f"resuming {a.output}: {len(out.done)} of {len(prompts)} prompts already done", file=sys.stderr)
     try:
         records = generate(model, tok, prompts, choice, batch_size=a.batch_size, seed=a.seed,
                            chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
