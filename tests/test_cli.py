@@ -72,7 +72,7 @@ def test_convert_then_generate_sde_and_remask(toy_backbone_dir, tmp_path, capsys
 def test_generate_errors(toy_backbone_dir, capsys):
     base = ["generate", "--model", str(toy_backbone_dir), "--prompt", "hi", "-q"]
     # SDE needs a DSL checkpoint
-    assert main([*base, "--sampler", "sde", "--nfe", "4"]) == 2
+    assert main([*base, "--sampler", "sde", "--nfe", "4", "--gen-length", "8"]) == 2
     assert "needs a DSL checkpoint" in capsys.readouterr().err
     # odd NFE for Heun
     assert main([*base, "--sampler", "sde", "--nfe", "5"]) == 2

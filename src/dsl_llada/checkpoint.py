@@ -6,15 +6,19 @@ either the previous folder or the complete new one.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .backbones.base import CheckpointError
+from .utils import file_mode
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -23,6 +27,29 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """save_file with the umask's file mode (safetensors creates 0600) and a full disk reported as an OSError
+    naming the file (safetensors wraps it in its own exception type)."""
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        path.unlink(missing_ok=True)
+        code = errno.ENOSPC if ("os error 28" in str(e) or "No space" in str(e)) else errno.EIO
+        raise OSError(code, os.strerror(code) if code == errno.ENOSPC else str(e), str(path)) from None
+    os.chmod(path, file_mode())
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """Turn safetensors' own errors (truncated, zero-byte or random files) into one CheckpointError naming the file."""
+    try:
+        yield
+    except SafetensorError as e:
+        size = path.stat().st_size if path.exists() else 0
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file ({size} bytes: {e}); it is truncated "
+                              f"or damaged — copy, convert or download it again") from None
 
 
 def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
@@ -40,7 +67,7 @@ def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_sh
             seen[key] = k
     total = sum(_nbytes(v) for v in tensors.values())
     if total <= max_shard_bytes:
-        save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        _save(tensors, folder / WEIGHTS_NAME)
         return [WEIGHTS_NAME]
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -56,7 +83,7 @@ def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_sh
     names = []
     for i, shard in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{n:05d}.safetensors"
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        _save(shard, folder / name)
         names.append(name)
         weight_map.update({k: name for k in shard})
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -77,7 +104,7 @@ def checkpoint_files(folder: str | Path) -> dict[str, Path]:
         return {k: folder / v for k, v in weight_map.items()}
     single = folder / WEIGHTS_NAME
     if single.exists():
-        with safe_open(str(single), framework="pt") as f:
+        with _reading(single), safe_open(str(single), framework="pt") as f:
             return {k: single for k in f.keys()}
     found = sorted(p.name for p in folder.iterdir())
     hint = " (.bin/.pt pickles are not loaded: convert them to safetensors)" if any(
@@ -98,7 +125,7 @@ def read_tensors(folder: str | Path, names: Iterable[str] | None = None, *, dtyp
         by_file.setdefault(files[k], []).append(k)
     out: dict[str, torch.Tensor] = {}
     for path, keys in by_file.items():
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
+        with _reading(path), safe_open(str(path), framework="pt", device=str(device)) as f:
             for k in keys:
                 t = f.get_tensor(k)
                 if dtype is not None and t.is_floating_point():

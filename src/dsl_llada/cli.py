@@ -50,30 +50,84 @@ def _sampler_choice(a: argparse.Namespace):
     return SamplerChoice(a.sampler, cfg)
 
 
+def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str) -> dict:
+    """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
+    import hashlib  # noqa: PLC0415
+
+    digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
+            "sampler": choice.name,
+            "config": choice.config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
+            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .generation import default_device, generate, load_model, load_tokenizer, parse_dtype, read_prompts, write_jsonl  # noqa: PLC0415
+    from .generation import (NonFiniteLogitsError, check_prompt_lengths, check_prompt_texts, context_limit,  # noqa: PLC0415
+                             default_device, encode_prompt, generate, load_model, load_tokenizer, parse_dtype,
+                             read_prompts)
+    from .records import RecordFile  # noqa: PLC0415
 
     choice = _sampler_choice(a)
     prompts = list(a.prompt or [])
     if a.prompts_file:
         prompts += read_prompts(a.prompts_file, a.prompt_field)
     if not prompts:
-        raise ValueError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE.jsonl")
+        raise ValueError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE (.jsonl, .json or .txt)")
+    check_prompt_texts(prompts)
+    if a.resume and not a.output:
+        raise ValueError("--resume needs --output FILE (the records file to continue)")
     from .backbones import resolve_model_path  # noqa: PLC0415
 
     device = a.device or default_device()
+    dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
-    model = load_model(a.model, dtype=parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")),
-                       device=device)
+    out = None
+    if a.output:  # checked before the model is loaded: nothing is written yet
+        out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
+                              protect=(a.prompts_file,))
+    model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
     tok = load_tokenizer(a.tokenizer or a.model)
-    records = generate(model, tok, prompts, choice, batch_size=a.batch_size, seed=a.seed,
-                       chat_template=not a.no_chat_template, progress=not a.quiet)
-    if a.output:
-        write_jsonl(a.output, records)
-        Path(str(a.output) + ".config.json").write_text(json.dumps(
-            {"model": str(a.model), "sampler": choice.name, "config": choice.config.to_dict(), "seed": a.seed}, indent=2))
-    for r in records:
-        print(json.dumps({"index": r["index"], "response": r["response"]}, ensure_ascii=False))
+    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
+    check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
+
+    def show(batch: list[dict]) -> None:
+        if out is not None:
+            out.append(batch)
+        for r in batch:
+            print(json.dumps({"index": r["index"], **({"error": r["error"]} if "error" in r else {"response": r["response"]})},
+                             ensure_ascii=False), flush=True)
+
+    if out is not None:
+        out.begin()
+        if out.done:
+            print(f"resuming {a.output}: {len(out.done)} of {len(prompts)} prompts already done", file=sys.stderr)
+    try:
+        records = generate(model, tok, prompts, choice, batch_size=a.batch_size, seed=a.seed,
+                           chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
+                           skip=out.done if out is not None else (), on_batch=show)
+    except KeyboardInterrupt:
+        if out is not None:
+            out.close()
+            print(f"interrupted; {len(out.done)} of {len(prompts)} records are saved in {a.output} (every finished "
+                  f"batch); run the same command again to continue", file=sys.stderr)
+        else:
+            print("interrupted; without --output nothing was saved (the records printed above are all there is)",
+                  file=sys.stderr)
+        return 130
+    except NonFiniteLogitsError as e:
+        raise ValueError(f"model {a.model!r}: {e}; check its model.safetensors (re-convert, or use an earlier "
+                         f"checkpoint)") from None
+    finally:
+        if out is not None:
+            out.close()
+    if out is not None:
+        out.finish(len(prompts))
+        n_err = sum(1 for r in out.done.values() if "error" in r)
+        if n_err:
+            print(f"warning: {n_err} prompt(s) failed; their records in {a.output} carry an 'error' field",
+                  file=sys.stderr)
+    elif any("error" in r for r in records):
+        print(f"warning: {sum('error' in r for r in records)} prompt(s) failed (see their 'error')", file=sys.stderr)
     return 0
 
 
@@ -90,6 +144,9 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import resolve_model_path  # noqa: PLC0415
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    from .outputs import prepare_output_dir  # noqa: PLC0415
+
+    prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
     model = DSLModel.convert(backbone, cfg)
     extra = {}
@@ -124,7 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts raw (prefix continuation)")
     g.add_argument("--batch-size", type=int, default=8)
     g.add_argument("--seed", type=int, default=42, help="prompt i uses seed + i")
-    g.add_argument("--output", default=None, help="write records to this JSONL file (atomically)")
+    g.add_argument("--output", default=None,
+                   help="append each finished batch's records to this JSONL file (settings in OUTPUT.config.json); "
+                        "an existing output made with the same settings is resumed")
+    gx = g.add_mutually_exclusive_group()
+    gx.add_argument("--resume", action="store_true",
+                    help="continue --output, skipping prompts already done (the default when it exists with the "
+                         "same settings; refused when the settings differ)")
+    gx.add_argument("--overwrite", action="store_true", help="replace an existing --output instead of resuming it")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on GPU, fp32 on CPU)")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -133,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
-    c.add_argument("output", help="output folder")
+    c.add_argument("output", help="output folder (new or empty; never the backbone folder or one containing it)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
     c.add_argument("--noise-dim", type=int, default=100)
     c.add_argument("--noise-init", default="random", choices=["random", "pca"])

@@ -5,8 +5,10 @@ This is the library behind `dsl-llada generate`; the samplers themselves live in
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from .config import RemaskConfig, SDEConfig
 from .model import DSLModel
 from .sampling.common import PromptBatch, SampleOutput
 from .utils import atomic_write_text, progress as progress_bar
+
+log = logging.getLogger(__name__)
 
 SAMPLERS = ("sde", "block-sde", "remask", "remdm")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -92,48 +96,175 @@ def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: Sample
     return sample_remask(model, prompts, choice.config, generator=generator, progress=progress)
 
 
+class NonFiniteLogitsError(ValueError):
+    """The model's first forward pass of a sampler run produced NaN/inf logits (damaged or diverged weights)."""
+
+
+@contextlib.contextmanager
+def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
+    """Inside the block, the first backbone forward pass is checked for non-finite logits (one `isfinite` over the
+    last position, which left padding never covers); a NaN/inf raises NonFiniteLogitsError at once."""
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    handle = None
+
+    def hook(_module, _inputs, output):
+        handle.remove()
+        logits = output[0] if isinstance(output, (tuple, list)) else output
+        if torch.is_tensor(logits) and logits.dim() == 3 and not bool(torch.isfinite(logits[:, -1]).all()):
+            raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
+                                       "weights are damaged or come from a diverged training run")
+
+    handle = backbone.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def context_limit(model: DSLModel | Backbone) -> int | None:
+    """Longest sequence (prompt + response) the model accepts; None when unbounded/unknown."""
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    return getattr(backbone, "max_length", None)
+
+
+def check_prompt_texts(prompts: Sequence[str]) -> None:
+    """Refuse empty (or whitespace-only) prompts up front, naming the first few."""
+    empty = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
+    if empty:
+        which = f"prompt {empty[0]} is" if len(empty) == 1 else \
+            f"prompts {', '.join(map(str, empty[:5]))}{' ...' if len(empty) > 5 else ''} are"
+        raise ValueError(f"{which} empty (counting from 0 in the order given); every prompt needs some text")
+
+
+def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | None, gen_length: int) -> None:
+    """Before any sampling: every encoded prompt + gen_length must fit the context; name the prompt and by how much
+    it is too long."""
+    if context is None:
+        return
+    too_long = [(i, len(e)) for i, e in enumerate(encoded) if len(e) + gen_length > context]
+    if not too_long:
+        return
+    i, n = max(too_long, key=lambda t: t[1])
+    others = f" ({len(too_long)} prompts are too long; this is the longest)" if len(too_long) > 1 else ""
+    fix = f"shorten it by at least {n + gen_length - context} tokens"
+    if n < context:
+        fix += f", or reduce --gen-length to at most {context - n}"
+    raise ValueError(f"prompt {i} is too long: {n} tokens as encoded (chat template included) + gen_length "
+                     f"{gen_length} = {n + gen_length} tokens exceeds the model's context of {context} by "
+                     f"{n + gen_length - context}{others}; {fix}")
+
+
 def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choice: SamplerChoice, *,
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
-             on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+             on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
+             on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
+             encoded: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
     """Generate one response per prompt. Prompt i uses its own generator seeded `seed + i`, so results do not
-    depend on the batch size or on the other prompts of its batch."""
+    depend on the batch size or on the other prompts of its batch.
+
+    Every prompt is validated before any sampling (non-empty, fits the context). Batches follow the fixed grid
+    [0, batch_size), [batch_size, 2 batch_size), ...; prompts in `skip` (already done) are left out. `on_batch`
+    receives each finished batch's records (in index order) before the next batch starts. A batch that raises a
+    runtime error (not a ValueError, which means bad setup and stops the run) is retried prompt by prompt, and a
+    prompt that still fails gets a record with an `error` field instead of a response. Non-finite logits on a
+    sampler run's first forward pass raise NonFiniteLogitsError. Returns the records made by this call.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
+    check_prompt_texts(prompts)
+    if encoded is None:
+        encoded = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
+        check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
+    done = set(skip)
     special = model.special
     device = next(model.parameters()).device
-    encoded = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
+
+    def run(idx: list[int]) -> list[dict[str, Any]]:
+        batch = PromptBatch.from_lists([encoded[i] for i in idx], pad_id=special.pad_id, device=device)
+        gens = [torch.Generator(device="cpu").manual_seed(seed + i) for i in idx]
+        with check_finite_first_forward(model):
+            out = run_sampler(model, batch, choice, generator=gens)
+        return [{"index": i, "prompt": prompts[i], "response": tokenizer.decode(ids, skip_special_tokens=True),
+                 "response_ids": ids, "length": len(ids), "sampler": choice.name, "nfe": out.nfe,
+                 "forward_passes": out.forward_passes, "seed": seed + i} for i, ids in zip(idx, out.responses(), strict=True)]
+
+    def failed(i: int, e: BaseException) -> dict[str, Any]:
+        log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i, type(e).__name__, e)
+        return {"index": i, "prompt": prompts[i], "error": f"{type(e).__name__}: {e}", "sampler": choice.name,
+                "seed": seed + i}
+
     records: list[dict[str, Any]] = []
-    starts = range(0, len(prompts), batch_size)
+    starts = [s for s in range(0, len(prompts), batch_size) if any(i not in done for i in range(s, min(s + batch_size, len(prompts))))]
     for start in progress_bar(starts, total=len(starts), desc=f"generate ({choice.name})", enabled=progress):
-        chunk = encoded[start : start + batch_size]
-        batch = PromptBatch.from_lists(chunk, pad_id=special.pad_id, device=device)
-        gens = [torch.Generator(device="cpu").manual_seed(seed + start + j) for j in range(len(chunk))]
-        out = run_sampler(model, batch, choice, generator=gens)
-        for j, ids in enumerate(out.responses()):
-            i = start + j
-            rec = {"index": i, "prompt": prompts[i], "response": tokenizer.decode(ids, skip_special_tokens=True),
-                   "response_ids": ids, "length": len(ids), "sampler": choice.name, "nfe": out.nfe,
-                   "forward_passes": out.forward_passes, "seed": seed + i}
+        idx = [i for i in range(start, min(start + batch_size, len(prompts))) if i not in done]
+        try:
+            batch_records = run(idx)
+        except (ValueError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 — a runtime failure of this batch: retry its prompts one by one
+            if len(idx) == 1:
+                batch_records = [failed(idx[0], e)]
+            else:
+                batch_records = []
+                for i in idx:
+                    try:
+                        batch_records += run([i])
+                    except (ValueError, KeyboardInterrupt):
+                        raise
+                    except Exception as e1:  # noqa: BLE001
+                        batch_records.append(failed(i, e1))
+        if on_batch is not None:
+            on_batch(batch_records)
+        for rec in batch_records:
             records.append(rec)
             if on_record is not None:
                 on_record(rec)
     return records
 
 
+def _prompt_of(obj: Any, field: str, where: str) -> str:
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, dict) and isinstance(obj.get(field), str):
+        return obj[field]
+    raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
+
+
 def read_prompts(path: str | Path, field: str = "prompt") -> list[str]:
-    """Prompts from a JSONL file (one object per line with a `field` string) or a plain text file (one per line)."""
+    """Prompts from a file, by suffix: `.jsonl` (one JSON object per line with a string `field`, or a JSON
+    string), `.json` (a JSON array of strings or of such objects), anything else plain text (one per line;
+    blank lines skipped). Errors name the file and line."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.is_dir():
+        raise ValueError(f"--prompts-file {str(path)!r} is a folder; expected a .jsonl, .json or .txt file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompts-file {str(path)!r} is not UTF-8 text ({e}); expected .jsonl, .json or .txt") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); a .json prompts file "
+                             f"holds one JSON array of strings or of objects with a {field!r} field") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json prompts file must hold a JSON array (of strings or of objects with a "
+                             f"{field!r} field), got a {type(data).__name__}; or use .jsonl (one object per line) "
+                             f"or .txt (one prompt per line)")
+        return [_prompt_of(x, field, f"{path}: item {n}") for n, x in enumerate(data)]
+    lines = text.splitlines()
     if path.suffix != ".jsonl":
         return [ln for ln in lines if ln.strip()]
     out = []
     for n, ln in enumerate(lines, start=1):
         if not ln.strip():
             continue
-        obj = json.loads(ln)
-        if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-            raise ValueError(f"{path}:{n}: expected a JSON object with a string field {field!r}")
-        out.append(obj[field])
+        try:
+            obj = json.loads(ln)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); a .jsonl prompts file holds "
+                             f"one JSON object per line") from None
+        out.append(_prompt_of(obj, field, f"{path}:{n}"))
     return out
 
 

@@ -1,8 +1,9 @@
-"""Small shared helpers: atomic file writes, logging setup, progress bars."""
+"""Small shared helpers: atomic file writes with ordinary permissions, logging setup, progress bars, CLI errors."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -13,33 +14,92 @@ from pathlib import Path
 logger = logging.getLogger("dsl_llada")
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` to `path` via a temp file in the same folder and an atomic rename."""
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (/proc), else via a quick set/reset."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode an ordinary tool gives a new file (0644 under the usual umask 022)."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode an ordinary tool gives a new folder (0755 under the usual umask 022)."""
+    return 0o777 & ~current_umask()
+
+
+def _name_path(e: OSError, path: Path) -> OSError:
+    """The same OSError with `path` as its filename (low-level writes on a descriptor carry none)."""
+    if e.filename is None:
+        return OSError(e.errno, e.strerror or str(e), str(path))
+    return e
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path next to `path` for a writer that wants a file name (savefig, save_file); on success it is
+    given the umask's mode and renamed onto `path`; on any error (a full disk included) it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield Path(tmp)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise _name_path(e, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same folder (fsynced) and an atomic rename; mode from umask."""
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` via a temp file in the same folder and an atomic rename; mode from umask."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
-    """Yield a temp folder next to `path`; on success it replaces `path` (any old content is removed).
+    """Yield a temp folder next to `path`; on success it replaces `path`.
 
-    A crash or Ctrl-C inside the block leaves `path` untouched and removes the temp folder.
+    `path` may be missing, an empty folder, or a model folder this package wrote (`outputs.is_own_artifact(path,
+    "model")`); anything else raises OutputError before any work, so no user folder is ever deleted here.
+    A crash, a full disk or Ctrl-C inside the block leaves `path` untouched and removes the temp folder.
     """
+    from .outputs import OutputError, is_own_artifact, unknown_entries  # noqa: PLC0415
+
     path = Path(path)
+    if path.exists() or path.is_symlink():
+        if not path.is_dir() or path.is_symlink():
+            raise OutputError(f"{str(path)!r} exists and is not a folder; it is left alone — remove it or choose "
+                              f"another path")
+        if any(path.iterdir()) and not is_own_artifact(path, "model"):
+            raise OutputError(f"{str(path)!r} holds files dsl-llada did not write ({', '.join(unknown_entries(path, 'model')[:3])}); "
+                              f"it is left alone — choose a new or empty folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should be readable like any other folder
+    os.chmod(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint should be readable like any other folder
     try:
         yield tmp
         if path.exists():
@@ -51,6 +111,9 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _name_path(e, path) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -65,8 +128,24 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
     return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
 
 
+_DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted",
+                errno.EISDIR: "is a folder", errno.ENOTDIR: "a parent is not a folder"}
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for an OSError from writing or reading a file: what happened, to which file, what to do."""
+    where = f" {e.filename!r}" if e.filename else ""
+    what = _DISK_ERRORS.get(e.errno or -1, e.strerror or str(e))
+    fix = {errno.ENOSPC: "free some space or choose another output location (partial files were removed)",
+           errno.EDQUOT: "free some space or choose another output location (partial files were removed)"}.get(
+        e.errno or -1, "check the path and its permissions")
+    return f"{what}:{where}; {fix}"
+
+
 def run_cli_command(func, args, *, interrupted: str) -> int:
-    """Run a CLI subcommand: bad input becomes one `error: ...` line and exit code 2, Ctrl-C exit code 130."""
+    """Run a CLI subcommand: bad input or an unusable file/disk becomes one `error: ...` line and exit code 2,
+    Ctrl-C exit code 130."""
     import sys  # noqa: PLC0415
 
     try:
@@ -76,4 +155,7 @@ def run_cli_command(func, args, *, interrupted: str) -> int:
         return 130
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2

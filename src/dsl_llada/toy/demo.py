@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,42 @@ class DemoConfig(ConfigBase):
                    cpt=TrainStage(objective="dsl", steps=120, lr=1e-3, warmup=10))
 
 
+CHECKSUMS = "checksums.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checksums(folder: Path) -> None:
+    """`folder/checksums.json`: sha256 of every other file in the folder."""
+    sums = {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS}
+    atomic_write_text(folder / CHECKSUMS, json.dumps(sums, indent=1, sort_keys=True) + "\n")
+
+
+def verify_checksums(folder: Path) -> str | None:
+    """None when every file listed in `folder/checksums.json` is present with its sha256; else what is wrong."""
+    try:
+        sums = json.loads((folder / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return f"no {CHECKSUMS}: the stage was interrupted or written by an older version"
+    except (OSError, ValueError) as e:
+        return f"{CHECKSUMS} is unreadable: {e}"
+    if not isinstance(sums, dict) or not sums:
+        return f"{CHECKSUMS} lists no files"
+    for name, digest in sorted(sums.items()):
+        p = folder / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if _sha256(p) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -115,8 +152,27 @@ class Demo:
         return bb
 
     def _cached(self, name: str, key: dict) -> tuple[Path, bool]:
+        """The cache folder of a stage and whether it holds a verified copy; a damaged one (a file changed,
+        truncated or missing since `_seal`) is removed with a one-line warning, so the stage is rebuilt."""
         path = self.cache / f"{name}-{_fingerprint(key)}"
-        return path, (path / "config.json").exists()
+        if not path.exists():
+            return path, False
+        problem = verify_checksums(path)
+        if problem is None:
+            return path, True
+        if not (path / CHECKSUMS).exists() and (path / "loss_curve.json").is_file() and (path / "config.json").is_file():
+            # complete (loss_curve.json was its last file) but written before checksums existed: seal it as found
+            self.echo(f"note: cached stage {path.name} predates checksums; using it and recording them now")
+            write_checksums(path)
+            return path, True
+        self.echo(f"warning: cached stage {path} is damaged ({problem}); rebuilding it")
+        shutil.rmtree(path)
+        return path, False
+
+    @staticmethod
+    def _seal(path: Path) -> None:
+        """Record a checksum of every file of a finished cache folder (written last: it also marks completeness)."""
+        write_checksums(path)
 
     def pretrained(self, train) -> LLaDABackbone:
         key = {"stage": "pretrain", "cfg": self.cfg.pretrain.to_dict(), "arch": [self.cfg.d_model, self.cfg.n_layers,
@@ -134,6 +190,7 @@ class Demo:
         save_backbone(bb, path)
         self.tok.save_pretrained(str(path))  # so `dsl-llada generate --model <cache dir>` works
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
+        self._seal(path)
         return bb
 
     def adapted(self, base: LLaDABackbone, train, objective: str) -> torch.nn.Module:
@@ -162,6 +219,7 @@ class Demo:
             save_backbone(model, path)
         self.tok.save_pretrained(str(path))
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
+        self._seal(path)
         return model
 
     def _copy_backbone(self, base: LLaDABackbone) -> LLaDABackbone:
@@ -261,6 +319,9 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
 
 def run_demo_cli(args) -> int:
     """Entry point of `dsl-llada demo` (prints; the library parts log)."""
+    from ..outputs import prepare_output_dir  # noqa: PLC0415
+
+    prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)

@@ -64,6 +64,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json())
         return 0
+    from ..outputs import prepare_output_dir  # noqa: PLC0415
+
+    prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
     try:
         result = train(config)
     except TrainingDiverged as e:

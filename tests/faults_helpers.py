@@ -1,0 +1,41 @@
+"""Shared fixtures-as-functions for the fault tests (tests/test_faults_*.py): a tiny toy-world backbone and DSL
+checkpoint on disk, and helpers that snapshot a folder so a test can assert that nothing the user had is gone."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
+from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+
+CONTEXT = 64
+"""max_sequence_length of the tiny models: small, so an over-long prompt is cheap to write."""
+
+
+def make_backbone_dir(path: Path) -> Path:
+    """A tiny random LLaDA over the 2-topic toy world's vocabulary, saved with the world's tokenizer."""
+    world = ToyWorld(ToyWorldConfig(n_topics=2))
+    tok = build_tokenizer(world)
+    s = special_ids(tok)
+    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
+                            bos_token_id=s["bos"], max_sequence_length=CONTEXT)
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    save_backbone(bb, path)
+    tok.save_pretrained(str(path))
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under `folder` (hidden files included)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def error_lines(err: str) -> list[str]:
+    """Non-empty stderr lines (log lines from the library start with a level name and are left out)."""
+    return [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("INFO ", "WARNING ", "DEBUG "))]

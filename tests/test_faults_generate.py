@@ -1,0 +1,321 @@
+"""Faults around `dsl-llada generate` (issue 9): everything is validated before sampling, each finished batch is
+on disk at once, kill -9 / Ctrl-C / a full disk lose nothing finished, a resumed run ends with exactly the records of
+an uninterrupted one, and bad input is one clear line (exit 2)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from faults_helpers import CONTEXT, error_lines, make_backbone_dir
+
+import dsl_llada.generation as generation_mod
+import dsl_llada.records as records_mod
+from dsl_llada.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 12
+PROMPTS = [f"write about the ocean {'and the forest ' * (i % 3)}." for i in range(N)]
+SAMPLING = ["--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faults-gen")
+    backbone = make_backbone_dir(d / "backbone")
+    assert main(["convert", str(backbone), str(d / "dsl"), "--noise-dim", "8"]) == 0
+    return d / "dsl"
+
+
+@pytest.fixture(scope="module")
+def prompts_file(model):
+    p = model.parent / "prompts.jsonl"
+    p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in PROMPTS))
+    return p
+
+
+def args(model, prompts_file, out, *extra, batch=3):
+    return ["generate", "--model", str(model), "--prompts-file", str(prompts_file), "--batch-size", str(batch),
+            *SAMPLING, "--output", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompts_file):
+    """The records of an uninterrupted run."""
+    out = model.parent / "reference.jsonl"
+    assert main(args(model, prompts_file, out)) == 0
+    return out.read_text()
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def before_each_batch(monkeypatch, check) -> None:
+    """Call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a fault)."""
+    real = generation_mod.run_sampler
+
+    def wrapped(model_, batch, choice, *, generator=None, progress=False):
+        check([g.initial_seed() - 42 for g in generator])
+        return real(model_, batch, choice, generator=generator, progress=progress)
+
+    monkeypatch.setattr(generation_mod, "run_sampler", wrapped)
+
+
+def interrupted_then_resumed(monkeypatch, owner, name, fault, argv, *, rc, reference, n_kept, capsys) -> str:
+    """Run `argv` with `owner.name` replaced by `fault(real)`: it must exit `rc` with the first `n_kept` records
+    of `reference` on disk; then rerun unpatched, which must end with exactly `reference`. Returns the stderr."""
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, fault(real))
+    assert main(argv) == rc
+    err = capsys.readouterr().err
+    out = Path(argv[argv.index("--output") + 1])
+    assert out.read_text() == "".join(reference.splitlines(keepends=True)[:n_kept])
+    monkeypatch.setattr(owner, name, real)
+    assert main(argv) == 0
+    assert out.read_text() == reference
+    return err
+
+
+def one_error(capsys) -> str:
+    found = error_lines(capsys.readouterr().err)
+    assert len(found) == 1, found
+    assert found[0].startswith("error: ")
+    return found[0]
+
+
+def test_reference_run_is_complete_and_ordered(reference):
+    recs = [json.loads(x) for x in reference.splitlines()]
+    assert [r["index"] for r in recs] == list(range(N))
+    assert [r["prompt"] for r in recs] == PROMPTS and all("response_ids" in r and "error" not in r for r in recs)
+
+
+# -- validated before any sampling -------------------------------------------------------------------------------------
+@pytest.fixture
+def no_sampling(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("sampling started before validation finished")
+
+    monkeypatch.setattr(generation_mod, "run_sampler", refuse)
+
+
+def test_output_that_is_a_folder_or_unwritable_fails_before_sampling(model, prompts_file, tmp_path, capsys, no_sampling):
+    assert main(args(model, prompts_file, tmp_path)) == 2
+    assert "is a folder" in one_error(capsys)
+    if Path("/proc/self").is_dir():
+        assert main(args(model, prompts_file, "/proc/records.jsonl")) == 2
+        assert "not writable" in one_error(capsys)
+
+
+def test_one_overlong_prompt_at_the_end_fails_before_sampling(model, tmp_path, capsys, no_sampling):
+    long = "ocean " * CONTEXT
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in [*PROMPTS, long]))
+    out = tmp_path / "o.jsonl"
+    assert main(args(model, p, out)) == 2
+    line = one_error(capsys)
+    assert f"prompt {N} is too long" in line and "exceeds the model's context of 64 by" in line
+    assert "-" not in line.split("by", 1)[1].split(";")[0]  # 'by how much' is a positive count
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("position", [0, 4])
+def test_empty_prompt_is_refused_up_front_wherever_it_is(model, tmp_path, capsys, no_sampling, position):
+    prompts = ["a b"] * 6
+    prompts[position] = "  "
+    argv = ["generate", "--model", str(model), "--batch-size", "2", *SAMPLING]
+    for t in prompts:
+        argv += ["--prompt", t]
+    assert main(argv) == 2
+    assert f"prompt {position} is empty" in one_error(capsys)
+
+
+def test_malformed_jsonl_names_the_file_and_line(model, tmp_path, capsys, no_sampling):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"prompt": "a"}\n{"prompt": \n{"prompt": "c"}\n')
+    assert main(["generate", "--model", str(model), "--prompts-file", str(p), *SAMPLING]) == 2
+    assert f"{p}:2: not valid JSON" in one_error(capsys)
+
+
+def test_json_prompts_file_array_accepted_object_refused(model, tmp_path, capsys):
+    arr = tmp_path / "p.json"
+    arr.write_text(json.dumps(["write about the ocean .", {"prompt": "describe the forest ."}]))
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", "--model", str(model), "--prompts-file", str(arr), *SAMPLING, "--output", str(out)]) == 0
+    assert [r["prompt"] for r in lines(out)] == ["write about the ocean .", "describe the forest ."]
+    obj = tmp_path / "q.json"
+    obj.write_text(json.dumps({"prompt": "x"}))
+    assert main(["generate", "--model", str(model), "--prompts-file", str(obj), *SAMPLING]) == 2
+    line = one_error(capsys)
+    assert "must hold a JSON array" in line and ".jsonl" in line and ".txt" in line
+
+
+def test_output_is_never_the_prompts_file(model, prompts_file, capsys, no_sampling):
+    before = prompts_file.read_text()
+    assert main(args(model, prompts_file, prompts_file, "--overwrite")) == 2
+    assert "is the input" in one_error(capsys)
+    assert prompts_file.read_text() == before
+
+
+# -- an existing output is resumed, never silently replaced ------------------------------------------------------------
+def test_different_settings_are_refused_naming_the_fields(model, prompts_file, reference, tmp_path, capsys, no_sampling):
+    out = tmp_path / "o.jsonl"
+    out.write_text(reference)
+    Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
+    argv = args(model, prompts_file, out)
+    argv[argv.index("--steps") + 1] = "8"
+    assert main([*argv, "--seed", "7"]) == 2
+    line = one_error(capsys)
+    assert "config.steps (4 -> 8)" in line and "seed (42 -> 7)" in line
+    assert out.read_text() == reference
+
+
+def test_a_foreign_output_needs_overwrite(model, prompts_file, reference, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o.jsonl"
+    out.write_text("my own notes\n")
+    assert main(args(model, prompts_file, out)) == 2
+    assert "--overwrite" in one_error(capsys) and out.read_text() == "my own notes\n"
+    assert main(args(model, prompts_file, out, "--overwrite")) == 0
+    assert out.read_text() == reference
+
+
+def test_resume_skips_finished_prompts_and_matches_an_uninterrupted_run(model, prompts_file, reference, tmp_path,
+                                                                         monkeypatch, capsys):
+    out = tmp_path / "o.jsonl"
+    ref_lines = reference.splitlines(keepends=True)
+    out.write_text("".join(ref_lines[:4]) + ref_lines[4][:25])  # 4 records, then a write cut off by kill -9
+    Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
+    seen: list[list[int]] = []
+    before_each_batch(monkeypatch, seen.append)
+    assert main(args(model, prompts_file, out, "--resume")) == 0
+    assert seen == [[4, 5], [6, 7, 8], [9, 10, 11]]  # the fixed batch grid, minus what was done
+    assert out.read_text() == reference  # the partial line is gone, the records are exactly the reference's
+    assert "4 of 12 prompts already done" in capsys.readouterr().err
+
+
+# -- interruptions and failures lose nothing finished -------------------------------------------------------------------
+def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_records(model, tmp_path, one_thread):
+    n = 150
+    p = tmp_path / "many.txt"
+    p.write_text("".join(f"write about the ocean {'and the forest ' * (i % 4)}.\n" for i in range(n)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def cmd(out):
+        return [sys.executable, "-m", "dsl_llada", "generate", "--model", str(model), "--prompts-file", str(p),
+                "--batch-size", "1", *SAMPLING, "--output", str(out)]
+
+    killed = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen(cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if killed.exists() and killed.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    kept = killed.read_bytes()
+    n_kept = kept.count(b"\n")
+    assert 3 <= n_kept < n
+    done = [json.loads(x) for x in kept.split(b"\n")[:n_kept]]
+    assert [r["index"] for r in done] == list(range(n_kept))  # every finished record survived, in order
+    resumed = subprocess.run(cmd(killed), env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{n_kept} of {n} prompts already done" in resumed.stderr
+    fresh = tmp_path / "fresh.jsonl"  # the uninterrupted run (in this process, one thread like the subprocesses)
+    assert main(cmd(fresh)[3:]) == 0
+    assert killed.read_text() == fresh.read_text()
+    assert [json.loads(x)["index"] for x in fresh.read_text().splitlines()] == list(range(n))
+
+
+def test_ctrl_c_keeps_finished_batches_and_says_so(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+    def interrupt_third(real):
+        calls = []
+
+        def run(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        return run
+
+    out = tmp_path / "o.jsonl"
+    err = interrupted_then_resumed(monkeypatch, generation_mod, "run_sampler", interrupt_third,
+                                   args(model, prompts_file, out), rc=130, reference=reference, n_kept=6, capsys=capsys)
+    assert f"6 of {N} records are saved in {out}" in err
+
+
+def test_full_disk_while_appending_keeps_finished_records(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+    def fill_up_on_second_batch(real):
+        writes = []
+
+        def write(fd, data):
+            writes.append(len(data))
+            if len(writes) == 2:
+                os.write(fd, data[: len(data) // 2])  # half a batch reaches the disk, then it is full
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fd, data)
+        return write
+
+    out = tmp_path / "o.jsonl"
+    err = interrupted_then_resumed(monkeypatch, records_mod, "_write_all", fill_up_on_second_batch,
+                                   args(model, prompts_file, out), rc=2, reference=reference, n_kept=3, capsys=capsys)
+    found = error_lines(err)
+    assert len(found) == 1 and "no space left on the device" in found[0] and str(out) in found[0]
+
+
+def test_a_failing_prompt_is_recorded_and_the_run_goes_on(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o.jsonl"
+
+    def oom_on_prompt_4(indices):
+        if 4 in indices:
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+    before_each_batch(monkeypatch, oom_on_prompt_4)
+    assert main(args(model, prompts_file, out)) == 0
+    assert "1 prompt(s) failed" in capsys.readouterr().err
+    got, want = lines(out), [json.loads(x) for x in reference.splitlines()]
+    assert [r["index"] for r in got] == list(range(N))
+    assert got[4] == {"index": 4, "prompt": PROMPTS[4], "error": "RuntimeError: CUDA out of memory (simulated)",
+                      "sampler": "remask", "seed": 46}
+    assert got[:4] + got[5:] == want[:4] + want[5:]  # its batch-mates were retried alone, with the same results
+
+
+def test_nan_weights_fail_clearly_naming_the_model(model, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "nan-model"
+    bad.mkdir()
+    for f in model.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    t = load_file(str(bad / "model.safetensors"))
+    save_file({k: v * float("nan") if v.is_floating_point() else v for k, v in t.items()}, str(bad / "model.safetensors"))
+    out = tmp_path / "o.jsonl"
+    for sampler in (["--sampler", "remask", "--steps", "2"], ["--sampler", "sde", "--nfe", "2"]):
+        assert main(["generate", "--model", str(bad), "--prompt", "hi", "--gen-length", "4", "-q", *sampler,
+                     "--output", str(out), "--overwrite"]) == 2
+        line = one_error(capsys)
+        assert str(bad) in line and "non-finite" in line
+        assert out.read_text() == ""
+
+
+def test_two_runs_never_append_to_one_output(model, prompts_file, reference, tmp_path, capsys):
+    fcntl = pytest.importorskip("fcntl")
+    out = tmp_path / "o.jsonl"
+    out.write_text(reference.splitlines(keepends=True)[0])
+    Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
+    with open(out, "a") as other:  # another generate run holds the file
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(args(model, prompts_file, out)) == 2
+        assert "being written by another running process" in one_error(capsys)
+    assert out.read_text() == reference.splitlines(keepends=True)[0]
+
