@@ -101,12 +101,15 @@ def cmd_ui(a: argparse.Namespace) -> int:
     from .ui import build_app
 
     if a.model is None:
-        from .ui import toy_model_dir
+        from .ui import toy_model
 
         toy = Path(a.toy_dir) if a.toy_dir else Path.home() / ".cache" / "dsl-llada" / "toy-demo"
-        print(f"no --model: using the embedded toy world's DSL model from {toy} (training it first if not cached)",
-              flush=True)
-        a.model = str(toy_model_dir(toy))
-    model, tok, path = _load(a)
-    print(f"web UI for {path} on http://{a.host}:{a.port}", flush=True)
-    return _run_uvicorn(build_app(model, tok, title=f"dsl-llada: {path.name}"), a.host, a.port)
+        print(f"no --model: using the embedded toy world's DSL model cached under {toy}/cache "
+              f"(trained there by the `demo --quick` stages first if missing)", flush=True)
+        model, tok = toy_model(toy)
+        name = "toy world (demo --quick)"
+    else:
+        model, tok, path = _load(a)
+        name = path.name
+    print(f"web UI for {name} on http://{a.host}:{a.port}", flush=True)
+    return _run_uvicorn(build_app(model, tok, title=f"dsl-llada: {name}"), a.host, a.port)
