@@ -57,7 +57,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def uvicorn_server(app, *, timeout: float = 30.0):
-    """Run `app` on 127.0.0.1:<free port> in a thread; yields the base URL; stops (draining) on exit."""
+    """Run `app` on 127.0.0.1:<free port> in a thread; yields (base URL, uvicorn.Server); stops (draining) on exit."""
     import uvicorn
 
     port = free_port()
@@ -70,7 +70,7 @@ def uvicorn_server(app, *, timeout: float = 30.0):
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(timeout)

@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 import torch
+from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.generation import encode_prompt, load_model, load_tokenizer
-from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
 PROMPT = "describe the forest ."
 
@@ -80,7 +80,7 @@ def test_ui_in_headless_chromium(tiny, tmp_path):
     seed, length, nfe, steps = 5, 12, 8, 6
     want_a = library_text(model, tok, PROMPT, "sde", SDEConfig(nfe=nfe, gen_length=length), seed)
     want_b = library_text(model, tok, PROMPT, "remask", RemaskConfig(steps=steps, gen_length=length), seed)
-    with uvicorn_server(app) as base, playwright.sync_playwright() as p:
+    with uvicorn_server(app) as (base, _), playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"], headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
