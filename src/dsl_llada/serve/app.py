@@ -48,8 +48,9 @@ class Service:
     """Everything one request handler needs: model, tokenizer, batcher, metrics, settings."""
 
     def __init__(self, model, tokenizer, *, model_name: str, max_batch: int, max_wait_ms: float, max_queue: int,
-                 api_key: str | None):
+                 api_key: str | None, pad_batches: bool = False):
         self.model, self.tokenizer, self.model_name, self.api_key = model, tokenizer, model_name, api_key
+        self.pad_batches = pad_batches
         self.has_converter = isinstance(model, DSLModel)
         self.default_sampler = "sde" if self.has_converter else "remask"
         self.context = context_limit(model)
@@ -108,8 +109,13 @@ class Service:
                                    code="context_length_exceeded")
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
         events: asyncio.Queue | None = asyncio.Queue() if stream else None
-        jobs = [Job(key=(name, config), prompt_ids=ids, seed=seed + k, index=k, events=events)
-                for k, ids in enumerate(p for p in prompts for _ in range(req.n))]
+        flat = [p for p in prompts for _ in range(req.n)]
+        # Every row has its own generator, so its random draws are those of the request run alone. By default only
+        # equal-length prompts share a batch (no padding; what remains is the BLAS's rounding across batch shapes,
+        # ~1e-7). pad_batches also batches different lengths (left padding + attention mask): more batching, and
+        # the masked attention rounds differently (~1e-5 in the logits). Either can flip a near-tie token.
+        jobs = [Job(key=(name, config) if self.pad_batches else (name, config, len(ids)), prompt_ids=ids,
+                    seed=seed + k, index=k, events=events) for k, ids in enumerate(flat)]
         return jobs, name, config, seed, events
 
     def _vocab_size(self) -> int:
@@ -176,10 +182,10 @@ class AuthAndCount:
 
 
 def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = 8, max_wait_ms: float = 20.0,
-               max_queue: int = 256, api_key: str | None = None) -> FastAPI:
+               max_queue: int = 256, api_key: str | None = None, pad_batches: bool = False) -> FastAPI:
     """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer."""
     svc = Service(model, tokenizer, model_name=model_name, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                  max_queue=max_queue, api_key=api_key)
+                  max_queue=max_queue, api_key=api_key, pad_batches=pad_batches)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -22,6 +22,16 @@ DONE = object()
 """Put on a job's event queue after its final result (or error) is set."""
 
 
+def same_torch_threads() -> Callable[[], None]:
+    """An initializer giving a new thread the caller's torch intra-op thread count. OpenMP keeps that setting per
+    thread, so a worker thread would otherwise use every core, and parallel reductions split differently round
+    differently: the same request would not give bitwise the tokens of the library run in the caller's thread."""
+    import torch
+
+    n = torch.get_num_threads()
+    return lambda: torch.set_num_threads(n)
+
+
 class QueueFull(RuntimeError):
     """The bounded queue has no room for the request (HTTP 429)."""
 
@@ -72,11 +82,13 @@ class Batcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._thread_init = same_torch_threads()  # the constructing thread's setting (start() may run elsewhere)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsl-llada-sampler")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsl-llada-sampler",
+                                            initializer=self._thread_init)
         self._task = asyncio.create_task(self._loop(), name="dsl-llada-batcher")
 
     async def close(self) -> None:

@@ -43,6 +43,10 @@ def add_serve_parser(sub) -> None:
                    help="longest a request waits for others to batch with (default 20 ms)")
     s.add_argument("--max-queue", type=_positive(int), default=256,
                    help="most requests waiting; more get HTTP 429 (default 256)")
+    s.add_argument("--pad-batches", action="store_true",
+                   help="also batch prompts of different lengths (left padding + attention mask): more batching, "
+                        "but the masked attention rounds differently (default: only equal-length prompts share a "
+                        "batch, the closest to each request run alone)")
     key = s.add_mutually_exclusive_group()
     key.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (checked in constant time)")
     key.add_argument("--api-key-file", default=None, help="read the API key from this file (keeps it out of `ps`)")
@@ -87,7 +91,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                          "separately")
     model, tok, path = _load(a)
     app = create_app(model, tok, model_name=a.served_model_name or path.name, max_batch=a.max_batch,
-                     max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, api_key=api_key)
+                     max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, api_key=api_key, pad_batches=a.pad_batches)
     if a.ui:
         from .ui import mount_ui
 

@@ -76,7 +76,7 @@ def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
 
 
 class BatchRunner:
-    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config)."""
+    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length])."""
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
@@ -84,7 +84,7 @@ class BatchRunner:
         self.device = model_device(model)
 
     def __call__(self, jobs: Sequence[Job]) -> list[JobResult]:
-        name, config = jobs[0].key
+        name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
         prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
         gens = [seeded_generator(j.seed) for j in jobs]
 

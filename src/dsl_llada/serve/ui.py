@@ -15,6 +15,7 @@ from pathlib import Path
 from ..config import RemaskConfig, SDEConfig
 from ..generation import encode_prompt
 from ..model import DSLModel
+from .batcher import same_torch_threads
 from .runner import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
 from .trace import Trace, render_grid, run_traced
@@ -140,6 +141,8 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
 
 
 def _live_factory(model, tokenizer):
+    init_thread = same_torch_threads()  # captured in the thread that builds the UI
+
     def live(ids, name, cfg, seed):
         """Run one sampler in a thread; yield (trace, running) at most every REFRESH_S, then the finished trace."""
         changed = threading.Event()
@@ -150,6 +153,7 @@ def _live_factory(model, tokenizer):
             changed.set()
 
         def work():
+            init_thread()
             try:
                 result["trace"] = run_traced(model, tokenizer, ids, name, cfg, seed, on_step=on_step)
             except Exception as e:  # noqa: BLE001 - shown in the page
