@@ -89,6 +89,21 @@ def test_defaults_are_the_config_defaults(tiny):
         assert body["dsl_llada"]["config"] == RemaskConfig(gen_length=4).to_dict()
 
 
+def test_n_choices_use_consecutive_seeds_and_stop_strings_cut(tiny):
+    model, tok = tiny
+    cfg = SDEConfig(nfe=4, gen_length=12, eta=0.5)
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        body = c.post("/v1/chat/completions", json=chat(PROMPTS[0], n=3, max_tokens=12, nfe=4, eta=0.5, seed=20)).json()
+        texts = [ch["message"]["content"] for ch in body["choices"]]
+        assert texts == [library_text(model, tok, PROMPTS[0], "sde", cfg, 20 + j) for j in range(3)]
+        assert body["usage"]["completion_tokens"] == sum(len(tok(t)["input_ids"]) for t in texts)
+        words = texts[0].split()
+        stop = words[len(words) // 2]
+        cut = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=12, nfe=4, eta=0.5, seed=20,
+                                                       stop=[stop, "never-there"])).json()["choices"][0]
+        assert cut["message"]["content"] == texts[0][: texts[0].index(stop)] and cut["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize("pad_batches", [False, True])
 def test_concurrent_requests_are_batched_and_equal_alone(tiny, pad_batches):
     """Default: equal-length prompts batch (no padding). pad_batches: prompts of different lengths batch too (left
