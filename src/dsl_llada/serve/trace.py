@@ -102,7 +102,7 @@ def _cell_style(conf: float, masked: bool) -> str:
     return f"background:hsl({hue},70%,80%)"
 
 
-def render_grid(trace: Trace | None, *, max_rows: int = 64, max_chars: int = 10) -> str:
+def render_grid(trace: Trace | None, *, max_rows: int = 64, max_chars: int = 8) -> str:
     """HTML heatmap of a trace: one row per step (newest last), one cell per position (token, colour = confidence)."""
     if trace is None or not trace.steps:
         return "<div class='dsl-grid-empty'>no steps yet</div>"
@@ -116,7 +116,10 @@ def render_grid(trace: Trace | None, *, max_rows: int = 64, max_chars: int = 10)
             shown = "·" if m else tok[:max_chars]
             tip = "masked" if m else f"{tok} p={c:.2f}"
             cells.append(f"<td style='{_cell_style(c, m)}' title='{html.escape(tip, quote=True)}'>{html.escape(shown)}</td>")
-        rows.append(f"<tr><th>{st.step}/{st.total_steps}<br><small>{html.escape(st.label)}</small></th>{''.join(cells)}</tr>")
-    style = ("<style>.dsl-grid{overflow:auto;max-height:420px}.dsl-grid table{border-collapse:collapse;font:11px monospace}"
-             ".dsl-grid td,.dsl-grid th{border:1px solid #eee;padding:1px 3px;white-space:nowrap;color:#000}</style>")
+        rows.append(f"<tr><th>{st.step}/{st.total_steps} <small>{html.escape(st.label)}</small></th>{''.join(cells)}</tr>")
+    style = ("<style>.dsl-grid{overflow:auto;max-height:520px}"
+             ".dsl-grid table{border-collapse:collapse!important;font:10px monospace!important;width:auto!important;"
+             "margin:0!important}.dsl-grid td,.dsl-grid th{border:1px solid #fff!important;padding:0 2px!important;"
+             "white-space:nowrap;color:#000;line-height:1.3!important;min-width:0!important;text-align:left}"
+             ".dsl-grid th small{font-weight:normal;color:#555}</style>")
     return (f"{style}<div class='dsl-grid'><table><tr><th>step</th>{head}</tr>{''.join(rows)}</table></div>")

@@ -23,7 +23,7 @@ from .trace import Trace, render_grid, run_traced
 log = logging.getLogger(__name__)
 
 SAMPLER_LABELS = {"sde": "DSL-SDE (Heun)", "block-sde": "Block SDE", "remask": "LLaDA remasking", "remdm": "ReMDM-conf-loop"}
-EXAMPLE_PROMPT = "write about the ocean ."
+EXAMPLE_PROMPT = "write about the forest ."
 REFRESH_S = 0.1
 """Least time between two live updates of the page."""
 
@@ -96,8 +96,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
             sampler.change(lambda s: default_nfe[s], sampler, nfe)
             stats = gr.Markdown("", elem_id=f"stats-{tag}")
             final = gr.Textbox(label=f"final text {tag}", interactive=False, lines=3, elem_id=f"final-{tag}")
-            grid = gr.HTML(render_grid(None), elem_id=f"grid-{tag}")
-        return [sampler, nfe, block, eta, temp], [grid, final, stats]
+        return [sampler, nfe, block, eta, temp], [final, stats]
 
     _live = _live_factory(model, tokenizer)
 
@@ -117,6 +116,11 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
         with gr.Row():
             knobs_a, outs_a = panel("a", default_a)
             knobs_b, outs_b = panel("b", default_b)
+        # the heatmaps get the full width: one column per response position
+        gr.Markdown("**denoising, sampler a**")
+        grid_a = gr.HTML(render_grid(None), elem_id="grid-a")
+        gr.Markdown("**denoising, sampler b**")
+        grid_b = gr.HTML(render_grid(None), elem_id="grid-b")
 
         def go(prompt_text, seed_v, length, use_chat, two, *knobs):
             try:
@@ -136,7 +140,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
                     shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running)]
                     yield shown[0] + shown[1]
 
-        run.click(go, [prompt, seed, gen_length, chat, compare, *knobs_a, *knobs_b], [*outs_a, *outs_b])
+        run.click(go, [prompt, seed, gen_length, chat, compare, *knobs_a, *knobs_b], [grid_a, *outs_a, grid_b, *outs_b])
     return blocks
 
 
