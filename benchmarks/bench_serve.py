@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import statistics
 import tempfile
 import threading
@@ -204,20 +205,21 @@ def main() -> int:
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
+    ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
         model, tok = load_model(path), load_tokenizer(path)
-        desc = (f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
+        desc = (a.model_desc or f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
                 f"of {len(tok)} tokens)")
         result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
                            max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,
                            timeout_s=a.timeout_s)
     import sys
 
-    text = markdown(result, command="python " + " ".join(["benchmarks/bench_serve.py", *sys.argv[1:]]), model_desc=desc)
+    text = markdown(result, command="python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]]), model_desc=desc)
     print(text)
     if a.write:
         with open(ROOT / "docs" / "benchmarks.md", "a", encoding="utf-8") as f:
