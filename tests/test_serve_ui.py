@@ -106,3 +106,20 @@ def test_ui_in_headless_chromium(tiny, tmp_path):
             assert shot.stat().st_size > 10_000
         finally:
             browser.close()
+
+
+def test_ui_settings_are_validated_like_requests(tiny):
+    from dsl_llada.serve.schemas import RequestError
+    from dsl_llada.serve.ui import settings_to_config
+
+    model, _ = tiny
+    assert settings_to_config(model, "sde", 8, 12, 0, "auto", 0) == ("sde", SDEConfig(nfe=8, gen_length=12))
+    assert settings_to_config(model, "sde", 8, 12, 0, " 0.25 ", 0)[1].eta == 0.25
+    assert settings_to_config(model, "block-sde", 4, 12, 6, "", 0)[1] == SDEConfig(nfe=4, gen_length=12, block_length=6)
+    assert settings_to_config(model, "remask", 6, 12, 0, "auto", 0.5) == (
+        "remask", RemaskConfig(steps=6, gen_length=12, temperature=0.5))
+    for args, param in (((model, "sde", 8, 12, 0, "abc", 0), "eta"), ((model, "sde", 7, 12, 0, "auto", 0), "nfe"),
+                        ((model, "remask", 5, 12, 4, "auto", 0), "steps")):
+        with pytest.raises(RequestError) as e:
+            settings_to_config(*args)
+        assert e.value.param == param
