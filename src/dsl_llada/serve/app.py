@@ -111,8 +111,8 @@ class Service:
         events: asyncio.Queue | None = asyncio.Queue() if stream else None
         flat = [p for p in prompts for _ in range(req.n)]
         # Every row has its own generator, so its random draws are those of the request run alone. By default only
-        # equal-length prompts share a batch (no padding; what remains is the BLAS's rounding across batch shapes,
-        # ~1e-7). pad_batches also batches different lengths (left padding + attention mask): more batching, and
+        # equal-length prompts share a batch (no padding; what remains is rounding that may change with the batch
+        # shape). pad_batches also batches different lengths (left padding + attention mask): more batching, and
         # the masked attention rounds differently (~1e-5 in the logits). Either can flip a near-tie token.
         jobs = [Job(key=(name, config) if self.pad_batches else (name, config, len(ids)), prompt_ids=ids,
                     seed=seed + k, index=k, events=events) for k, ids in enumerate(flat)]
