@@ -324,3 +324,22 @@ def test_cli_help_and_bad_values(capsys, model_dir):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--model", str(model_dir), "--ui", "--api-key", "k"]) == 2
     assert "--ui cannot be combined with --api-key" in capsys.readouterr().err
+
+
+def test_official_openai_client_streams_and_ignores_the_extension(tiny):
+    openai = pytest.importorskip("openai", reason="pip install openai")
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", api_key="k")
+    with uvicorn_server(app) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0, timeout=60)
+        msgs = [{"role": "user", "content": PROMPTS[0]}]
+        full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, seed=4, extra_body={"nfe": 6})
+        chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, seed=4, stream=True,
+                                                     extra_body={"nfe": 6}))
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content == library_text(
+        model, tok, PROMPTS[0], "sde", SDEConfig(nfe=6, gen_length=10), 4)
+    steps = [c.model_extra["dsl_llada"]["denoising"]["step"] for c in chunks if "dsl_llada" in (c.model_extra or {})]
+    assert steps == [1, 2, 3] and full.model_extra["dsl_llada"]["forward_passes"] == 7
