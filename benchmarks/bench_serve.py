@@ -1,0 +1,231 @@
+"""Load test of `dsl-llada serve` on loopback: N concurrent clients using the official `openai` client.
+
+For each mode (dynamic batching with --max-batch B, and --max-batch 1) a server runs on 127.0.0.1 (an ephemeral port,
+in this process), every client sends its requests one after another, and we check that every request was answered
+and that each output equals the library's own sample for the same prompt and seed (a batch of one). Reported: p50/p95
+latency, requests/s and generated tokens/s per mode, and the throughput ratio batched / unbatched.
+
+Usage:  python benchmarks/bench_serve.py [--model DIR] [--clients 8] [--requests 4] [--max-batch 8] [--write]
+Bounded: at most 2,000 requests per mode and --timeout-s seconds per mode; loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
+from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
+from dsl_llada.generation import encode_prompt, load_model, load_tokenizer
+from dsl_llada.model import DSLModel
+from dsl_llada.sampling import PromptBatch
+from dsl_llada.serve.app import create_app
+from dsl_llada.serve.runner import run_sampler, seeded_generator
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+MAX_REQUESTS = 2000
+PROMPTS = ["write about the ocean .", "describe the forest .", "tell me about the city at night .",
+           "write a story about a small fish .", "describe the river near the tall trees .", "hi"]
+
+
+def build_tiny_model(path: Path, *, d_model: int = 64, n_layers: int = 2, seed: int = 0) -> Path:
+    """A random LLaDA-shaped DSL model over the toy world's vocabulary, saved with the toy tokenizer."""
+    from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+
+    tok = build_tokenizer(ToyWorld(ToyWorldConfig(n_topics=2)))
+    s = special_ids(tok)
+    cfg = tiny_llada_config(len(tok), d_model=d_model, n_layers=n_layers, mask_token_id=s["mask"], eos_token_id=s["eos"],
+                            eot_token_id=s["eot"], bos_token_id=s["bos"], max_sequence_length=256)
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(torch.Generator().manual_seed(seed), std=0.3)
+    DSLModel.convert(bb, DSLConfig(converter=ConverterConfig(noise_dim=16))).save_pretrained(path)
+    tok.save_pretrained(str(path))
+    return path
+
+
+@dataclass
+class ModeResult:
+    label: str
+    max_batch: int
+    latencies: list[float]
+    seconds: float
+    tokens: int
+    answered: int
+    equal: int
+    total: int
+    mean_batch: float
+
+    def row(self) -> dict:
+        lat = sorted(self.latencies)
+        p95 = lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))] if lat else float("nan")
+        return {"mode": self.label, "max_batch": self.max_batch, "answered": f"{self.answered}/{self.total}",
+                "equal_to_library": f"{self.equal}/{self.total}", "mean_batch": round(self.mean_batch, 2),
+                "p50_s": round(statistics.median(lat), 3) if lat else None, "p95_s": round(p95, 3),
+                "req_per_s": round(self.answered / self.seconds, 2), "tokens_per_s": round(self.tokens / self.seconds, 1)}
+
+
+def work_items(clients: int, requests: int) -> list[list[tuple[str, int]]]:
+    """Per client, its (prompt, seed) pairs; seeds are unique across the run."""
+    return [[(PROMPTS[(c * requests + r) % len(PROMPTS)], 1000 + c * requests + r) for r in range(requests)]
+            for c in range(clients)]
+
+
+def reference_texts(model, tok, items, sampler: str, config) -> dict[tuple[str, int], str]:
+    """The library's text for each (prompt, seed): the sampler on a batch of one, generator seeded `seed`."""
+    out = {}
+    for prompt, seed in (x for client in items for x in client):
+        batch = PromptBatch.from_lists([encode_prompt(tok, prompt)], pad_id=model.special.pad_id)
+        res = run_sampler(model, sampler, config, batch, [seeded_generator(seed)])
+        out[(prompt, seed)] = tok.decode(res.responses()[0], skip_special_tokens=True)
+    return out
+
+
+def run_mode(model, tok, items, *, sampler: str, fields: dict, gen_length: int, max_batch: int, max_wait_ms: float,
+             reference: dict, timeout_s: float, pad_batches: bool = False, label: str = "") -> ModeResult:
+    import openai
+    import uvicorn
+
+    app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_wait_ms=max_wait_ms,
+                     max_queue=MAX_REQUESTS, pad_batches=pad_batches)
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    client = openai.OpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+    latencies: list[float] = []
+    texts: dict[tuple[str, int], str] = {}
+    batch_sizes: list[int] = []
+    tokens = 0
+    lock = threading.Lock()
+    deadline = time.monotonic() + timeout_s
+
+    def one_client(pairs):
+        nonlocal tokens
+        for prompt, seed in pairs:
+            if time.monotonic() > deadline:
+                return
+            t0 = time.perf_counter()
+            r = client.chat.completions.create(model="bench", messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=gen_length, seed=seed, extra_body={"sampler": sampler, **fields})
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt)
+                texts[(prompt, seed)] = r.choices[0].message.content
+                tokens += r.usage.completion_tokens
+                batch_sizes.extend((r.model_extra or {}).get("dsl_llada", {}).get("batch_sizes", []))
+
+    t0 = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(len(items)) as pool:
+            list(pool.map(one_client, items))
+    finally:
+        seconds = time.perf_counter() - t0
+        server.should_exit = True
+        thread.join(60)
+    total = sum(len(c) for c in items)
+    equal = sum(texts.get(k) == v for k, v in reference.items())
+    return ModeResult(label, max_batch, latencies, seconds, tokens, len(texts), equal, total,
+                      statistics.mean(batch_sizes) if batch_sizes else 0.0)
+
+
+def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int = 8, max_wait_ms: float = 20.0,
+              sampler: str = "sde", steps: int = 16, gen_length: int = 32, timeout_s: float = 300.0) -> dict:
+    if clients * requests > MAX_REQUESTS:
+        raise ValueError(f"clients x requests = {clients * requests} exceeds the bound of {MAX_REQUESTS}")
+    fields = {"nfe": steps} if sampler in ("sde", "block-sde") else {"steps": steps}
+    config = (SDEConfig(nfe=steps, gen_length=gen_length) if sampler in ("sde", "block-sde")
+              else RemaskConfig(steps=steps, gen_length=gen_length, remdm=sampler == "remdm"))
+    items = work_items(clients, requests)
+    reference = reference_texts(model, tok, items, sampler, config)
+    plan = [("batched (equal-length prompts, default)", max_batch, False),
+            ("batched with --pad-batches", max_batch, True), ("--max-batch 1", 1, False)]
+    modes = [run_mode(model, tok, items, sampler=sampler, fields=fields, gen_length=gen_length, max_batch=b,
+                      max_wait_ms=max_wait_ms, reference=reference, timeout_s=timeout_s, pad_batches=pad, label=label)
+             for label, b, pad in plan]
+    single = modes[-1]
+
+    def tput(m: ModeResult) -> float:
+        return m.answered / m.seconds
+
+    return {"modes": [m.row() for m in modes], "clients": clients, "requests_per_client": requests,
+            "sampler": sampler, "steps": steps, "gen_length": gen_length, "max_wait_ms": max_wait_ms,
+            "throughput_ratio": [round(tput(m) / tput(single), 2) for m in modes[:-1]],
+            "p50_ratio": [round(statistics.median(single.latencies) / statistics.median(m.latencies), 2)
+                          for m in modes[:-1]]}
+
+
+def markdown(result: dict, *, command: str, model_desc: str) -> str:
+    load = os.getloadavg()
+    lines = ["", f"### Serving: dynamic batching vs `--max-batch 1` ({time.strftime('%Y-%m-%d')})", "",
+             f"Command: `{command}`", "",
+             f"Model: {model_desc}; {result['clients']} concurrent `openai` clients x {result['requests_per_client']} "
+             f"requests each, sampler {result['sampler']} with {result['steps']} NFE/steps, {result['gen_length']} "
+             f"tokens, `--max-wait-ms {result['max_wait_ms']:g}`; server and clients in one process on "
+             f"{platform.machine()} with {os.cpu_count()} CPU cores and {torch.get_num_threads()} torch thread(s), "
+             f"load average {load[0]:.1f} when it finished"
+             + (" (**the machine was contended: absolute figures are not representative, the ratio is more "
+                "meaningful**)" if load[0] > (os.cpu_count() or 1) else "") + ".", "",
+             "| mode | answered | equal to library | mean batch | p50 latency (s) | p95 latency (s) | requests/s | tokens/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in result["modes"]:
+        lines.append(f"| {m['mode']} | {m['answered']} | {m['equal_to_library']} | {m['mean_batch']} | {m['p50_s']} "
+                     f"| {m['p95_s']} | {m['req_per_s']} | {m['tokens_per_s']} |")
+    (t_exact, t_pad), (l_exact, l_pad) = result["throughput_ratio"], result["p50_ratio"]
+    lines += ["", (f"Throughput ratio batched / `--max-batch 1`: **{t_exact}x** (default), **{t_pad}x** "
+              f"(`--pad-batches`); p50 latency ratio `--max-batch 1` / batched: {l_exact}x, {l_pad}x."), ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random DSL model, d=64, 2 layers)")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-wait-ms", type=float, default=20.0)
+    ap.add_argument("--sampler", default="sde", choices=["sde", "remask", "remdm"])
+    ap.add_argument("--steps", type=int, default=16, help="NFE (sde) or steps (remask/remdm)")
+    ap.add_argument("--gen-length", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
+    ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
+    ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
+        model, tok = load_model(path), load_tokenizer(path)
+        desc = (a.model_desc or f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
+                f"of {len(tok)} tokens)")
+        result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
+                           max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,
+                           timeout_s=a.timeout_s)
+    import sys
+
+    text = markdown(result, command="python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]]), model_desc=desc)
+    print(text)
+    if a.write:
+        with open(ROOT / "docs" / "benchmarks.md", "a", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""Dynamic batching: requests with the same sampler settings run as one batched sampler call.
+
+A bounded FIFO of pending jobs; one worker task takes the oldest job, waits at most `max_wait_ms` (from that job's
+arrival) for up to `max_batch - 1` more jobs with the same key, and runs them together on a single sampler thread.
+Each job carries its own seed, so its tokens do not depend on its batch (the samplers draw from one generator per row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DONE = object()
+"""Put on a job's event queue after its final result (or error) is set."""
+
+
+def same_torch_threads() -> Callable[[], None]:
+    """An initializer giving a new thread the caller's torch intra-op thread count. OpenMP keeps that setting per
+    thread, so a worker thread would otherwise use every core, and parallel reductions split differently round
+    differently: the same request would not give bitwise the tokens of the library run in the caller's thread."""
+    import torch
+
+    n = torch.get_num_threads()
+    return lambda: torch.set_num_threads(n)
+
+
+class QueueFull(RuntimeError):
+    """The bounded queue has no room for the request (HTTP 429)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is draining and accepts no new work (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One response to generate: prompt ids, seed, and the settings key that decides what it may be batched with."""
+
+    key: Hashable
+    prompt_ids: list[int]
+    seed: int
+    index: int = 0
+    """Position of this job among its request's responses."""
+    events: asyncio.Queue | None = None
+    """Where per-step events go (streaming requests); None = no step events."""
+    future: asyncio.Future | None = None
+    cancelled: bool = False
+    enqueued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, event: Any) -> None:
+        """Thread-safe: deliver a step event to the request's stream (dropped once the client is gone)."""
+        if self.events is not None and not self.cancelled and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
+
+
+class Batcher:
+    """Groups compatible jobs and runs `run_batch(jobs) -> results` (one result per job) on one worker thread."""
+
+    def __init__(self, run_batch: Callable[[Sequence[Job]], list[Any]], *, max_batch: int = 8, max_wait_ms: float = 20.0,
+                 max_queue: int = 256, on_batch: Callable[[Sequence[Job], float, BaseException | None], None] | None = None):
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be >= 1")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms={max_wait_ms} must be >= 0")
+        if max_queue < 1:
+            raise ValueError(f"max_queue={max_queue} must be >= 1")
+        self.run_batch, self.on_batch = run_batch, on_batch
+        self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
+        self.pending: deque[Job] = deque()
+        self.running: list[Job] = []
+        self.closing = False
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._thread_init = same_torch_threads()  # the constructing thread's setting (start() may run elsewhere)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsl-llada-sampler",
+                                            initializer=self._thread_init)
+        self._task = asyncio.create_task(self._loop(), name="dsl-llada-batcher")
+
+    async def close(self) -> None:
+        """Stop accepting work, finish everything queued or running, then stop the worker."""
+        self.closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            await self._task
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # -- requests ----------------------------------------------------------------------------------------------------
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Queue all of a request's jobs, or none (QueueFull / ShuttingDown)."""
+        if self.closing or self._wake is None:
+            raise ShuttingDown("the server is shutting down and accepts no new requests")
+        if len(self.pending) + len(jobs) > self.max_queue:
+            raise QueueFull(f"the request queue is full ({len(self.pending)} waiting, max_queue={self.max_queue}); "
+                            f"retry later")
+        loop = asyncio.get_running_loop()
+        for job in jobs:
+            job.loop = loop
+            job.future = loop.create_future()
+            self.pending.append(job)
+        self._wake.set()
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: drop a waiting job from the queue; a running one stops receiving events and its row's
+        result is discarded (the rest of its batch is not touched)."""
+        job.cancelled = True
+        try:
+            self.pending.remove(job)
+        except ValueError:
+            pass
+        if job.future is not None and not job.future.done():
+            job.future.cancel()
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.pending)
+
+    # -- worker ------------------------------------------------------------------------------------------------------
+    def _compatible(self, key: Hashable) -> list[Job]:
+        return [j for j in self.pending if j.key == key][: self.max_batch]
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self.pending:
+                if self.closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            head = self.pending[0]
+            deadline = head.enqueued_at + self.max_wait
+            while len(self._compatible(head.key)) < self.max_batch and not self.closing and head in self.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            if not self.pending:
+                continue
+            head = self.pending[0]  # the old head may have been cancelled while we waited
+            batch = self._compatible(head.key)
+            for job in batch:
+                self.pending.remove(job)
+            await self._run(batch)
+
+    async def _run(self, batch: list[Job]) -> None:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for job in batch:
+            job.started_at = now
+        self.running = batch
+        error: BaseException | None = None
+        results: list[Any] = []
+        try:
+            results = await loop.run_in_executor(self._executor, self.run_batch, batch)
+            if len(results) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} jobs")
+        except Exception as e:  # one failing batch fails its own requests only; the worker keeps serving
+            log.exception("batch of %d failed", len(batch))
+            error = e
+        finally:
+            self.running = []
+        for i, job in enumerate(batch):
+            if job.future is not None and not job.future.done():
+                if error is None:
+                    job.future.set_result(results[i])
+                else:
+                    job.future.set_exception(error)
+            if job.events is not None:
+                job.events.put_nowait((job.index, DONE))
+        if self.on_batch is not None:
+            self.on_batch(batch, time.monotonic() - now, error)

@@ -1,0 +1,119 @@
+"""`dsl-llada serve` and `dsl-llada ui`: argument parsing and start-up only (the app lives in app.py / ui.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        too_small = v < 1 if kind is int else v < 0
+        if too_small:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>= 1' if kind is int else '>= 0'}")
+        return v
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument("--model", required=required, default=None,
+                   help="checkpoint folder (DSL checkpoint or bare backbone)" + ("" if required else
+                        "; default: the embedded toy world's DSL model (trained by `demo --quick` once, then cached)"))
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
+
+
+def add_serve_parser(sub) -> None:
+    """Register `serve` and `ui` on the `dsl-llada` subparsers."""
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with dynamic batching and streamed denoising")
+    _add_model_args(s, required=True)
+    s.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
+    s.add_argument("--max-batch", type=_positive(int), default=8, help="most requests in one sampler call (default 8)")
+    s.add_argument("--max-wait-ms", type=_positive(float), default=20.0,
+                   help="longest a request waits for others to batch with (default 20 ms)")
+    s.add_argument("--max-queue", type=_positive(int), default=256,
+                   help="most requests waiting; more get HTTP 429 (default 256)")
+    s.add_argument("--pad-batches", action="store_true",
+                   help="also batch prompts of different lengths (left padding + attention mask): more batching, "
+                        "but the masked attention rounds differently (default: only equal-length prompts share a "
+                        "batch, the closest to each request run alone)")
+    key = s.add_mutually_exclusive_group()
+    key.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (checked in constant time)")
+    key.add_argument("--api-key-file", default=None, help="read the API key from this file (keeps it out of `ps`)")
+    s.add_argument("--ui", action="store_true", help="also mount the Gradio web UI at /ui (not with an API key)")
+    s.set_defaults(func=cmd_serve)
+
+    u = sub.add_parser("ui", help="web UI: watch DSL-SDE and LLaDA remasking denoise side by side (Gradio)")
+    _add_model_args(u, required=False)
+    u.add_argument("--toy-dir", default=None,
+                   help="where the default toy model is cached/trained (default: ~/.cache/dsl-llada/toy-demo)")
+    u.set_defaults(func=cmd_ui)
+
+
+def _load(a: argparse.Namespace):
+    from ..backbones import resolve_model_path
+    from ..generation import default_device, load_model, load_tokenizer, parse_dtype
+
+    device = a.device or default_device()
+    path = resolve_model_path(a.model)
+    dtype = parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    model = load_model(path, dtype=dtype, device=device)
+    return model, load_tokenizer(a.tokenizer or path), Path(path)
+
+
+def _run_uvicorn(app, host: str, port: int) -> int:
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=None)).run()
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .app import create_app
+
+    api_key = a.api_key
+    if a.api_key_file:
+        api_key = Path(a.api_key_file).read_text().strip()
+        if not api_key:
+            raise ValueError(f"--api-key-file {a.api_key_file!r} is empty")
+    if a.ui and api_key:
+        raise ValueError("--ui cannot be combined with --api-key (a browser cannot send the key); run `dsl-llada ui` "
+                         "separately")
+    model, tok, path = _load(a)
+    app = create_app(model, tok, model_name=a.served_model_name or path.name, max_batch=a.max_batch,
+                     max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, api_key=api_key, pad_batches=a.pad_batches)
+    if a.ui:
+        from .ui import mount_ui
+
+        app = mount_ui(app, model, tok, path="/ui")
+    print(f"serving {path} as {a.served_model_name or path.name!r} on http://{a.host}:{a.port} "
+          f"(max_batch={a.max_batch}, max_wait_ms={a.max_wait_ms:g}, max_queue={a.max_queue})", flush=True)
+    return _run_uvicorn(app, a.host, a.port)
+
+
+def cmd_ui(a: argparse.Namespace) -> int:
+    from .ui import build_app
+
+    if a.model is None:
+        from .ui import toy_model
+
+        toy = Path(a.toy_dir) if a.toy_dir else Path.home() / ".cache" / "dsl-llada" / "toy-demo"
+        print(f"no --model: using the embedded toy world's DSL model cached under {toy}/cache "
+              f"(trained there by the `demo --quick` stages first if missing)", flush=True)
+        model, tok = toy_model(toy)
+        name = "toy world (demo --quick)"
+    else:
+        model, tok, path = _load(a)
+        name = path.name
+    print(f"web UI for {name} on http://{a.host}:{a.port}", flush=True)
+    return _run_uvicorn(build_app(model, tok, title=f"dsl-llada: {name}"), a.host, a.port)

@@ -1,0 +1,100 @@
+"""Run one batch of jobs through the library's samplers (no sampling code here: `dsl_llada.sampling` does it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import RemaskConfig, SDEConfig
+from ..model import DSLModel
+from ..sampling import (
+    PromptBatch,
+    SampleOutput,
+    StepInfo,
+    sample_remask,
+    sample_remdm,
+    sample_sde,
+)
+from .batcher import Job
+
+
+def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
+                generators: Sequence[torch.Generator], callback: Callable[[StepInfo], None] | None = None) -> SampleOutput:
+    """Dispatch to `sample_sde` (sde, block-sde), `sample_remask` or `sample_remdm` with one generator per row."""
+    if name in ("sde", "block-sde"):
+        if not isinstance(model, DSLModel):
+            raise ValueError(f"sampler {name!r} needs a DSL checkpoint; this model is a bare backbone")
+        return sample_sde(model, prompts, config, generator=list(generators), callback=callback)
+    fn = sample_remdm if name == "remdm" else sample_remask
+    return fn(model, prompts, config, generator=list(generators), callback=callback)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """The CPU generator a request with `seed` gets (as `generation.generate` seeds prompt i with seed + i)."""
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def context_limit(model) -> int | None:
+    """Longest prompt + response the model supports (None = unbounded)."""
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    return getattr(backbone, "max_length", None)
+
+
+@dataclass
+class JobResult:
+    """One row of a finished batch."""
+
+    ids: list[int]
+    """Response ids after EOS truncation."""
+    gen_length: int
+    nfe: int
+    forward_passes: int
+    batch_size: int
+
+
+def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
+    """The stream's per-step extension payload for one row: current decoded text (special tokens kept, so the
+    [MASK]s of the discrete samplers show), ids, step/total, SNR (SDE) and the sampler's scalar extras."""
+    ids = info.tokens[row].tolist()
+    ev: dict[str, Any] = {"step": info.step + 1, "total_steps": info.total_steps,
+                          "text": tokenizer.decode(ids, skip_special_tokens=False), "token_ids": ids}
+    if info.gamma is not None:
+        ev["snr"] = float(info.gamma)
+    for k, v in info.extra.items():
+        if isinstance(v, torch.Tensor):
+            v = v[row].item() if v.dim() else v.item()
+        if isinstance(v, (int, float, bool)):
+            ev[k] = v
+    return ev
+
+
+class BatchRunner:
+    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length])."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.pad_id = model.special.pad_id
+        self.device = model_device(model)
+
+    def __call__(self, jobs: Sequence[Job]) -> list[JobResult]:
+        name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
+        prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
+        gens = [seeded_generator(j.seed) for j in jobs]
+
+        def on_step(info: StepInfo) -> None:
+            for row, job in enumerate(jobs):
+                if job.events is not None and not job.cancelled:
+                    job.emit(step_event(info, row, self.tokenizer))
+
+        streaming = any(j.events is not None for j in jobs)
+        with torch.no_grad():
+            out = run_sampler(self.model, name, config, prompts, gens, on_step if streaming else None)
+        return [JobResult(ids=ids, gen_length=config.gen_length, nfe=out.nfe, forward_passes=out.forward_passes,
+                          batch_size=len(jobs)) for ids in out.responses()]

@@ -1,0 +1,184 @@
+"""OpenAI-style request bodies, and their translation into a sampler name + typed sampler config.
+
+The sampler settings are extra request fields (ignored by, and invisible to, standard OpenAI clients):
+`sampler`, `nfe` / `steps`, `gen_length` (defaults to `max_tokens`), `block_length`, `eta`, `seed`, and any other
+field of the chosen sampler's config dataclass (`SDEConfig` for sde/block-sde, `RemaskConfig` for remask/remdm).
+Every value not given keeps that dataclass's default, i.e. the paper's settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import ConfigError, RemaskConfig, SDEConfig
+
+SAMPLER_NAMES = ("sde", "block-sde", "remask", "remdm")
+SDE_SAMPLERS = ("sde", "block-sde")
+# request fields handled explicitly (not passed through as config fields)
+_EXPLICIT = {"nfe", "steps", "gen_length", "block_length", "eta", "temperature", "remdm"}
+
+
+class RequestError(ValueError):
+    """An invalid request: HTTP `status` with an OpenAI-style error body naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.type = message, param, status, code, type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, then the sampler extension)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    """Served model name (optional; when given it must match GET /v1/models)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """OpenAI's response length; used as `gen_length` when that is not given."""
+    n: int = Field(1, ge=1, le=16)
+    """Responses per prompt; response j uses seed + j."""
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    """Seed of the per-request torch.Generator (random when absent; echoed in the response)."""
+    stop: str | list[str] | None = None
+    """Cut the final text at the first occurrence of any of these strings."""
+    temperature: float | None = Field(None, ge=0)
+    """remask/remdm: the Gumbel sampling temperature. Not used by the SDE samplers (their noise scale is `eta`)."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Accepted for client compatibility; not used by these samplers."""
+    user: str | None = None
+    # -- extension: the sampler and its main settings ------------------------------------------------------------------
+    sampler: Literal["sde", "block-sde", "remask", "remdm"] | None = None
+    """Default: 'sde' for a DSL checkpoint, 'remask' for a bare backbone."""
+    nfe: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    gen_length: int | None = Field(None, ge=1)
+    block_length: int | None = Field(None, ge=0)
+    eta: float | None = Field(None, ge=0)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int]
+    """A string, a list of strings (one choice set each), or one prompt as token ids."""
+    chat_template: bool = False
+    """Extension: wrap each prompt string as one user turn with the tokenizer's chat template."""
+    echo: bool = False
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+# -- request -> (sampler, config) --------------------------------------------------------------------------------------
+def _config_class(name: str) -> type:
+    return SDEConfig if name in SDE_SAMPLERS else RemaskConfig
+
+
+def sampler_fields(name: str) -> list[str]:
+    """Config fields a request may set for sampler `name` (besides the explicit ones)."""
+    return sorted(f.name for f in dataclasses.fields(_config_class(name)) if f.name != "remdm")
+
+
+def _coerce_extra(cls: type, key: str, value: Any) -> Any:
+    hint = typing.get_type_hints(cls)[key]
+    try:
+        return pydantic.TypeAdapter(hint).validate_python(value)
+    except pydantic.ValidationError as e:
+        raise RequestError(f"{key}={value!r} is not valid: {e.errors()[0]['msg']}", key) from None
+
+
+def _pick(a: int | None, b: int | None, names: tuple[str, str]) -> int | None:
+    if a is not None and b is not None and a != b:
+        raise RequestError(f"{names[0]}={a} and {names[1]}={b} disagree; give one of them", names[0])
+    return a if a is not None else b
+
+
+def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: bool,
+                   max_tokens: int | None = None) -> tuple[str, SDEConfig | RemaskConfig]:
+    """The sampler name and its validated config for a request; RequestError (400) naming the field otherwise."""
+    name = req.sampler or default_sampler
+    if name in SDE_SAMPLERS and not has_converter:
+        raise RequestError(f"sampler={name!r} needs a DSL checkpoint (noise embedding + converter); this server's "
+                           f"model is a bare backbone: use 'remask' or 'remdm'", "sampler")
+    cls = _config_class(name)
+    valid = set(sampler_fields(name))
+    kwargs: dict[str, Any] = {}
+    for key, value in (req.model_extra or {}).items():
+        if key not in valid or key in _EXPLICIT:
+            raise RequestError(f"unknown field {key!r} for sampler {name!r}; besides the OpenAI fields, valid fields are "
+                               f"{sorted(valid | {'sampler', 'nfe', 'steps', 'seed'})}", key)
+        kwargs[key] = _coerce_extra(cls, key, value)
+    gen_length = _pick(req.gen_length, max_tokens if max_tokens is not None else req.max_tokens, ("gen_length", "max_tokens"))
+    if gen_length is not None:
+        kwargs["gen_length"] = gen_length
+    if name in SDE_SAMPLERS:
+        nfe = _pick(req.nfe, None if req.steps is None else 2 * req.steps, ("nfe", "2*steps"))
+        if nfe is not None:
+            kwargs["nfe"] = nfe
+        if req.eta is not None:
+            kwargs["eta"] = req.eta
+        if name == "block-sde":
+            if not req.block_length:
+                raise RequestError("sampler 'block-sde' needs block_length > 0 (tokens per block)", "block_length")
+            kwargs["block_length"] = req.block_length
+        elif req.block_length:
+            raise RequestError(f"block_length={req.block_length} needs sampler 'block-sde' (sampler 'sde' denoises the whole "
+                               f"response at once)", "block_length")
+    else:
+        steps = _pick(req.steps, req.nfe, ("steps", "nfe"))
+        if steps is not None:
+            kwargs["steps"] = steps
+        if req.block_length is not None:
+            kwargs["block_length"] = req.block_length
+        if req.temperature is not None:
+            kwargs["temperature"] = req.temperature
+        if req.eta is not None:
+            raise RequestError(f"eta is a setting of the SDE samplers, not of {name!r}", "eta")
+        kwargs["remdm"] = name == "remdm"
+    try:
+        return name, cls(**kwargs)
+    except ConfigError as e:
+        m = re.search(r"\b([a-z_]+)=", str(e))
+        param = m.group(1) if m else None
+        if param == "steps" and name in SDE_SAMPLERS:
+            param = "nfe"
+        raise RequestError(str(e), param) from None
+    except TypeError as e:  # e.g. a comparison with a wrongly typed value
+        raise RequestError(f"invalid sampler settings: {e}") from None
+
+
+def validation_error_param(loc: tuple) -> str | None:
+    """'messages.0.content' from a pydantic/FastAPI error location (without the leading 'body')."""
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or None

@@ -1,0 +1,345 @@
+"""The OpenAI-compatible server: library-equal outputs, batching, streaming, errors, queue bound, failures,
+disconnects, draining, API key, CLI. A tiny random DSL model over the toy world's vocabulary; servers bind 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from serve_helpers import library_text, save_tiny_toy_dsl, uvicorn_server
+
+from dsl_llada.cli import main
+from dsl_llada.config import RemaskConfig, SDEConfig
+from dsl_llada.generation import load_model, load_tokenizer
+from dsl_llada.serve.app import create_app
+from dsl_llada.serve.schemas import ChatRequest
+
+# one intra-op thread (conftest): a busy 2-core CPU makes spinning OpenMP threads ~100x slower on tiny models
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = ["write about the ocean .", "describe the forest and the tall trees near the river .", "hi"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_toy_dsl(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny(model_dir):
+    return load_model(model_dir), load_tokenizer(model_dir)
+
+
+def chat(prompt: str, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def test_models_health_and_metrics(tiny):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
+        assert c.get("/health").json() == {"status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
+        r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=0))
+        assert r.status_code == 200
+        text = c.get("/metrics").text
+        assert 'dsl_llada_requests_total{endpoint="/v1/chat/completions",status="200"} 1' in text
+        assert "dsl_llada_batch_size_count 1" in text and "dsl_llada_queue_length 0" in text
+        tokens = r.json()["usage"]["completion_tokens"]
+        assert f"dsl_llada_generated_tokens_total {tokens}" in text
+        assert "dsl_llada_forward_passes_total 5" in text  # NFE 4 = 2 Heun steps x 2 + the final decode
+        assert "dsl_llada_request_latency_seconds_count 1" in text
+
+
+@pytest.mark.parametrize("sampler,fields,config", [
+    ("sde", {"nfe": 6}, SDEConfig(nfe=6, gen_length=12)),
+    ("block-sde", {"nfe": 2, "block_length": 4}, SDEConfig(nfe=2, gen_length=12, block_length=4)),
+    ("remask", {"steps": 6, "temperature": 0.7}, RemaskConfig(steps=6, gen_length=12, temperature=0.7)),
+    ("remdm", {"steps": 6, "temperature": 0.7}, RemaskConfig(steps=6, gen_length=12, temperature=0.7, remdm=True)),
+])
+def test_outputs_equal_the_library_and_depend_on_the_seed(tiny, sampler, fields, config):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        texts = {}
+        for seed in (3, 4):
+            body = c.post("/v1/chat/completions", json=chat(PROMPTS[1], sampler=sampler, max_tokens=12, seed=seed,
+                                                            **fields)).json()
+            texts[seed] = body["choices"][0]["message"]["content"]
+            assert texts[seed] == library_text(model, tok, PROMPTS[1], sampler, config, seed)
+            assert body["dsl_llada"]["sampler"] == sampler and body["dsl_llada"]["seed"] == seed
+            assert body["dsl_llada"]["config"] == config.to_dict()
+        assert texts[3] != texts[4]
+        # /v1/completions: a list of prompts, prompt i gets seed + i (as `generation.generate`), raw or templated
+        r = c.post("/v1/completions", json={"prompt": PROMPTS[:2], "sampler": sampler, "max_tokens": 12, "seed": 3,
+                                            "chat_template": True, **fields}).json()
+        assert [ch["text"] for ch in r["choices"]] == [
+            library_text(model, tok, p, sampler, config, 3 + i) for i, p in enumerate(PROMPTS[:2])]
+
+
+def test_defaults_are_the_config_defaults(tiny):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        body = c.post("/v1/chat/completions", json=chat("hi", max_tokens=4, seed=0)).json()
+        assert body["dsl_llada"]["config"] == SDEConfig(gen_length=4).to_dict()
+        body = c.post("/v1/chat/completions", json=chat("hi", sampler="remask", max_tokens=4, seed=0)).json()
+        assert body["dsl_llada"]["config"] == RemaskConfig(gen_length=4).to_dict()
+
+
+def test_n_choices_use_consecutive_seeds_and_stop_strings_cut(tiny):
+    model, tok = tiny
+    cfg = SDEConfig(nfe=4, gen_length=12, eta=0.5)
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        body = c.post("/v1/chat/completions", json=chat(PROMPTS[0], n=3, max_tokens=12, nfe=4, eta=0.5, seed=20)).json()
+        texts = [ch["message"]["content"] for ch in body["choices"]]
+        assert texts == [library_text(model, tok, PROMPTS[0], "sde", cfg, 20 + j) for j in range(3)]
+        assert body["usage"]["completion_tokens"] == sum(len(tok(t)["input_ids"]) for t in texts)
+        words = texts[0].split()
+        stop = words[len(words) // 2]
+        cut = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=12, nfe=4, eta=0.5, seed=20,
+                                                       stop=[stop, "never-there"])).json()["choices"][0]
+        assert cut["message"]["content"] == texts[0][: texts[0].index(stop)] and cut["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("pad_batches", [False, True])
+def test_concurrent_requests_are_batched_and_equal_alone(tiny, pad_batches):
+    """Default: equal-length prompts batch (no padding). pad_batches: prompts of different lengths batch too (left
+    padding). Each row has its own generator, so (for these seeds) every request gets the tokens it gets alone."""
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", max_batch=3, max_wait_ms=5000, pad_batches=pad_batches)
+    prompts = PROMPTS if pad_batches else [PROMPTS[1]] * 3
+    nfe = 4 if pad_batches else 16
+    cfg = SDEConfig(nfe=nfe, gen_length=10, eta=0.5)
+    with uvicorn_server(app) as (base, _), ThreadPoolExecutor(3) as pool:
+        def ask(i):
+            return httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                              json=chat(prompts[i], max_tokens=10, nfe=nfe, eta=0.5, seed=10 + i)).json()
+        bodies = list(pool.map(ask, range(3)))
+    assert [b["dsl_llada"]["batch_sizes"] for b in bodies] == [[3], [3], [3]]
+    texts = [b["choices"][0]["message"]["content"] for b in bodies]
+    assert texts == [library_text(model, tok, p, "sde", cfg, 10 + i) for i, p in enumerate(prompts)]
+    assert len(set(texts)) == 3  # the seeds differ, so do the samples
+
+
+def test_prompts_of_different_lengths_do_not_batch_by_default(tiny):
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=0)
+    svc = app.state.service
+    keys = []
+    for p in (PROMPTS[0], PROMPTS[1], PROMPTS[0]):
+        r = ChatRequest(**chat(p, nfe=4, max_tokens=8))
+        jobs = svc.make_jobs(r, [svc.encode_chat(r)], "messages", None, False)[0]
+        keys.append(jobs[0].key)
+    assert keys[0] == keys[2] != keys[1] and keys[0][:2] == keys[1][:2]
+
+
+def _events(lines) -> list:
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_stream_sends_each_denoising_step_then_the_text(tiny):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        want = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=10, nfe=8, seed=2)).json()
+        with c.stream("POST", "/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=10, nfe=8, seed=2, stream=True,
+                                                                 stream_options={"include_usage": True})) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            ev = _events(r.iter_lines())
+    assert ev[-1] == "[DONE]" and ev[0]["choices"][0]["delta"] == {"role": "assistant"}
+    steps = [e["dsl_llada"]["denoising"] for e in ev if isinstance(e, dict) and "denoising" in e.get("dsl_llada", {})]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and all(s["total_steps"] == 4 for s in steps)
+    snrs = [s["snr"] for s in steps]
+    assert snrs == sorted(snrs) and snrs[-1] > 70  # the SNR rises to the schedule's end
+    assert all(len(s["token_ids"]) == 10 and tok.decode(s["token_ids"]) == s["text"] for s in steps)
+    content = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if isinstance(e, dict) and e["choices"])
+    assert content == want["choices"][0]["message"]["content"]
+    finish = [e["choices"][0]["finish_reason"] for e in ev if isinstance(e, dict) and e["choices"]]
+    assert finish[-1] in ("stop", "length") and finish[:-1] == [None] * (len(finish) - 1)
+    assert ev[-2]["usage"] == want["usage"] and ev[-2]["choices"] == []
+
+
+def test_remask_stream_shows_masks_resolving(tiny):
+    model, tok = tiny
+    body = {"prompt": "hi", "sampler": "remask", "steps": 4, "max_tokens": 8, "seed": 1, "stream": True}
+    with TestClient(create_app(model, tok, model_name="tiny")) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        ev = _events(r.iter_lines())
+    steps = [e["dsl_llada"]["denoising"] for e in ev if isinstance(e, dict) and "dsl_llada" in e]
+    masked = [s["token_ids"].count(model.special.mask) for s in steps]
+    assert masked == [6, 4, 2, 0] and [s["n_masked"] for s in steps] == masked  # 2 tokens committed per step
+
+
+@pytest.mark.parametrize("body,param,fragment", [
+    ({"messages": []}, "messages", "at least 1"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content", "Field required"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", "'user'"),
+    (chat("x", nfe=3), "nfe", "even number"),
+    (chat("x", steps=2, nfe=6), "nfe", "disagree"),
+    (chat("x", top_mm=3), "top_mm", "unknown field 'top_mm'"),
+    (chat("x", top_m="many"), "top_m", "valid integer"),
+    (chat("x", sampler="euler"), "sampler", "'sde'"),
+    (chat("x", sampler="block-sde"), "block_length", "block_length > 0"),
+    (chat("x", sampler="remask", steps=5, max_tokens=8, block_length=4), "steps", "divisible"),
+    (chat("x", sampler="remask", eta=0.1), "eta", "SDE samplers"),
+    (chat("x", max_tokens=0), "max_tokens", "greater than or equal to 1"),
+    (chat("x", n=0), "n", "greater than or equal to 1"),
+    (chat("x " * 60, max_tokens=8), "messages", "exceed the model's context of 64"),
+    ({"prompt": [5, 10**6]}, "prompt", "outside the vocabulary"),
+])
+def test_invalid_requests_get_400_naming_the_field(tiny, body, param, fragment):
+    model, tok = tiny
+    url = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        r = c.post(url, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and fragment in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_unknown_model_and_bare_backbone(tiny, model_dir):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        r = c.post("/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={**chat("x"), "model": "gpt-4"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    with TestClient(create_app(model.backbone, tok, model_name="tiny")) as c:  # a bare backbone: no SDE
+        r = c.post("/v1/chat/completions", json=chat("x", sampler="sde"))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "sampler"
+        r = c.post("/v1/chat/completions", json=chat("x", max_tokens=4, steps=2, seed=0))
+        assert r.status_code == 200 and r.json()["dsl_llada"]["sampler"] == "remask"
+
+
+def test_full_queue_gets_429(tiny):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny", max_queue=2)) as c:
+        r = c.post("/v1/chat/completions", json=chat("x", n=3, max_tokens=4, nfe=2))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full" and r.headers["retry-after"] == "1"
+        r = c.post("/v1/chat/completions", json=chat("x", n=2, max_tokens=4, nfe=2, seed=1))
+        assert r.status_code == 200 and [ch["index"] for ch in r.json()["choices"]] == [0, 1]
+
+
+def test_a_failing_batch_gets_500_and_the_server_keeps_serving(tiny, monkeypatch):
+    model, tok = tiny
+    real = model.backbone.forward
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated device failure")
+        return real(*a, **k)
+
+    monkeypatch.setattr(model.backbone, "forward", flaky)
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=1))
+        assert r.status_code == 500 and "simulated device failure" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=1))
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"] == library_text(
+            model, tok, PROMPTS[0], "sde", SDEConfig(nfe=4, gen_length=8), 1)
+        assert "dsl_llada_batches_failed_total 1" in c.get("/metrics").text
+
+
+def test_disconnect_mid_stream_frees_the_slot_and_spares_the_batch(tiny):
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=5000)
+    svc = app.state.service
+    # discrete remasking: long enough to leave mid-run, and free of the SDE's sensitivity to batched-matmul rounding
+    body = {"max_tokens": 40, "sampler": "remask", "steps": 40, "temperature": 0.5, "stream": True}
+    with uvicorn_server(app) as (base, _):
+        got_first = threading.Event()
+
+        def quitter():
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=chat(PROMPTS[1], seed=1, **body), timeout=60) as r:
+                for line in r.iter_lines():
+                    if '"denoising"' in line:
+                        got_first.set()
+                        return  # leave mid-stream: the connection closes
+
+        def stayer():
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=chat(PROMPTS[1], seed=2, **body), timeout=60) as r:
+                assert r.status_code == 200
+                return _events(r.iter_lines())
+
+        with ThreadPoolExecutor(2) as pool:
+            q, s = pool.submit(quitter), pool.submit(stayer)
+            q.result()
+            ev = s.result()
+        assert got_first.is_set() and ev[-1] == "[DONE]"
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if isinstance(e, dict) and e["choices"])
+        assert text == library_text(model, tok, PROMPTS[1], "remask", RemaskConfig(steps=40, gen_length=40, temperature=0.5), 2)
+        assert svc.metrics.cancelled == 1 and svc.metrics.batch_sizes.count == 1 and svc.metrics.batch_sizes.sum == 2
+        r = httpx.post(f"{base}/v1/chat/completions", json=chat("hi", max_tokens=4, nfe=2), timeout=60)
+        assert r.status_code == 200 and svc.batcher.queue_length == 0
+
+
+def test_shutdown_drains_in_flight_work(tiny):
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", max_batch=1, max_wait_ms=0)
+    svc = app.state.service
+    results = []
+    with uvicorn_server(app) as (base, server), ThreadPoolExecutor(3) as pool:
+        futs = [pool.submit(httpx.post, f"{base}/v1/chat/completions", timeout=60,
+                            json=chat(PROMPTS[i], max_tokens=16, nfe=60, seed=i)) for i in range(3)]
+        t0 = time.monotonic()
+        while svc.batcher.queue_length + len(svc.batcher.running) < 3 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        server.should_exit = True  # what SIGINT/SIGTERM do
+        results = [f.result() for f in futs]
+    assert [r.status_code for r in results] == [200, 200, 200]
+    assert svc.batcher.closing and svc.batcher.queue_length == 0
+
+
+def test_api_key(tiny):
+    model, tok = tiny
+    with TestClient(create_app(model, tok, model_name="tiny", api_key="s3cret")) as c:
+        assert c.get("/health").status_code == 200
+        assert c.get("/v1/models").status_code == 401
+        r = c.post("/v1/chat/completions", json=chat("x"), headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_cli_help_and_bad_values(capsys, model_dir):
+    for sub, opts in (("serve", ["--model", "--tokenizer", "--host", "--port", "--max-batch", "--max-wait-ms",
+                                 "--max-queue", "--api-key", "--api-key-file", "--ui"]),
+                      ("ui", ["--model", "--tokenizer", "--host", "--port", "--toy-dir"])):
+        with pytest.raises(SystemExit) as e:
+            main([sub, "--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert all(o in out for o in opts), (sub, out)
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", str(model_dir), "--max-batch", "0"])
+    assert e.value.code == 2 and "'0' must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model_dir / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model_dir), "--ui", "--api-key", "k"]) == 2
+    assert "--ui cannot be combined with --api-key" in capsys.readouterr().err
+
+
+def test_official_openai_client_streams_and_ignores_the_extension(tiny):
+    openai = pytest.importorskip("openai", reason="pip install openai")
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", api_key="k")
+    with uvicorn_server(app) as (base, _):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0, timeout=60)
+        msgs = [{"role": "user", "content": PROMPTS[0]}]
+        full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, seed=4, extra_body={"nfe": 6})
+        chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, seed=4, stream=True,
+                                                     extra_body={"nfe": 6}))
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content == library_text(
+        model, tok, PROMPTS[0], "sde", SDEConfig(nfe=6, gen_length=10), 4)
+    steps = [c.model_extra["dsl_llada"]["denoising"]["step"] for c in chunks if "dsl_llada" in (c.model_extra or {})]
+    assert steps == [1, 2, 3] and full.model_extra["dsl_llada"]["forward_passes"] == 7
