@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from .backbones import load_backbone
-from .backbones.base import Backbone, CheckpointError, SpecialTokens
+from .backbones.base import Backbone, SpecialTokens
 from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, read_json, read_tensors, write_safetensors
 from .config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
+from .errors import CheckpointError
 from .utils import atomic_directory
 
 DSL_CONFIG_NAME = "dsl_config.json"

@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from ..config import ConfigBase
+from ..errors import CheckpointError
 
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or its tensors do not match what the loader expects."""
+__all__ = ["Backbone", "CheckpointError", "SpecialTokens", "padding_to_additive_mask"]
 
 
 @dataclass(frozen=True)
