@@ -57,3 +57,17 @@ def perturb_converter(model: DSLModel, seed: int = 1, scale: float = 0.05) -> DS
         for p in model.converter.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g).to(p.dtype))
     return model
+
+
+# `python -m` entry points run the CLI when imported; they are the only modules `package_modules` leaves out.
+ENTRY_POINTS = {"dsl_llada.__main__", "dsl_llada.train.__main__"}
+
+
+def package_modules() -> list[str]:
+    """Every importable module of the installed dsl_llada package (packages included), sorted."""
+    import pkgutil
+
+    import dsl_llada
+
+    names = ["dsl_llada"] + [m.name for m in pkgutil.walk_packages(dsl_llada.__path__, prefix="dsl_llada.")]
+    return sorted(n for n in names if n not in ENTRY_POINTS)

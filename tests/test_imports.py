@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
-import dsl_llada
+from helpers import ENTRY_POINTS, package_modules
 
-# `python -m` entry points run the CLI when imported; they are the only modules not imported here.
-ENTRY_POINTS = {"dsl_llada.__main__", "dsl_llada.train.__main__"}
+import dsl_llada
 
 # One fresh interpreter; before each module every dsl_llada module is dropped from sys.modules, so each import starts
 # from that module alone (third-party packages stay loaded: only our own import order matters for a cycle).
@@ -28,12 +26,6 @@ for name in json.loads(sys.argv[1]):
         failed[name] = traceback.format_exc(limit=-3)
 print(json.dumps(failed))
 """
-
-
-def package_modules() -> list[str]:
-    root = Path(dsl_llada.__file__).parent
-    names = ["dsl_llada"] + [m.name for m in pkgutil.walk_packages([str(root)], prefix="dsl_llada.")]
-    return sorted(n for n in names if n not in ENTRY_POINTS)
 
 
 def test_module_discovery_finds_the_whole_package():

@@ -36,7 +36,13 @@ class DSLModel(nn.Module):
 
     def __init__(self, backbone: Backbone, config: DSLConfig | None = None):
         super().__init__()
-        self.config = config or DSLConfig()
+        config = config or DSLConfig()
+        if config.backbone_type is None:
+            config = config.replace(backbone_type=backbone.family)
+        elif config.backbone_type != backbone.family:
+            raise CheckpointError(f"the DSL config was made for a {config.backbone_type!r} backbone but this backbone "
+                                  f"is {backbone.family!r} ({type(backbone).__name__})")
+        self.config = config
         self.backbone = backbone
         cc = self.config.converter
         self.noise_embed = NoiseEmbedding(backbone.vocab_size, cc.noise_dim, trainable=cc.trainable_noise_embed)

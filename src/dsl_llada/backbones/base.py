@@ -103,14 +103,6 @@ class Backbone(nn.Module):
         """The backbone's own config (e.g. LLaDA config.json contents) for saving next to the weights."""
         raise NotImplementedError
 
-    def check_length(self, length: int) -> None:
-        m = self.max_length
-        if m is not None and length > m:
-            raise ValueError(
-                f"sequence length {length} (prompt + response) exceeds the model's context of {m} tokens; "
-                f"shorten the prompt or the generation length"
-            )
-
 
 def padding_to_additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """HF (B, L) keep-mask -> additive (B, 1, 1, L) float mask, or None when nothing is padded."""

@@ -36,8 +36,7 @@ __all__ = ["CONVERTER_PREFIXES", "apply_freezing", "build_optimizer", "clip_grad
            "register_converter_grad_hooks", "scale_converter_grads"]
 
 CONVERTER_PREFIXES = ("converter.", "noise_embed.")
-NO_DECAY_NAMES = ("converter.beta", "converter.logit_bias", "converter.mask_key", "noise_embed.weight",
-                  "converter.gate_temp", "converter.gate_bias")
+NO_DECAY_NAMES = ("converter.beta", "converter.logit_bias", "converter.mask_key", "noise_embed.weight")
 
 
 def is_converter_param(name: str) -> bool:

@@ -32,7 +32,7 @@ from . import monitor
 from .components import ObjectiveModule, backbone_of, configure_deepspeed, enable_gradient_checkpointing, \
     flat_config, load_training_model, make_accelerator, resolve_tokenizer, shard_fsdp2
 from .config import SCRATCH, TrainConfig
-from .data import DataConfig, make_dataloader
+from .data import make_dataloader
 from .objectives import ObjectiveOutput, check_finite, get_objective
 from .optim import apply_freezing, build_optimizer, clip_grad_norm_sharded, converter_parameters, param_groups, \
     register_converter_grad_hooks, scale_converter_grads
@@ -216,11 +216,9 @@ class Trainer:
     def _eval_data(self) -> list[dict[str, torch.Tensor]]:
         if self._eval_batches is None:
             c = self.config
-            dcfg = c.data.to_dict()
-            dcfg.update(shuffle_buffer=0, repeat=False)
-            if c.data.validation_every is not None:
-                dcfg.update(subset="validation")
-            loader = make_dataloader(DataConfig.from_dict(dcfg), self._tok, batch_size=c.per_device_batch_size,
+            dcfg = c.data.replace(shuffle_buffer=0, repeat=False,
+                                  subset="validation" if c.data.validation_every is not None else c.data.subset)
+            loader = make_dataloader(dcfg, self._tok, batch_size=c.per_device_batch_size,
                                      rank=self.rank, world_size=self.world, texts=self._texts, eos_id=self.special.eos)
             out = []
             try:
