@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, write_safetensors
+from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, copy_tokenizer_files, \
+    write_safetensors
 from ..utils import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
@@ -47,8 +48,6 @@ FORMAT_VERSION = 1
 TRAINER_STATE = "trainer_state"
 STATE_FILE = "state.json"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 MODEL_FILES_RE = re.compile(r"^(config\.json|dsl_config\.json|model.*\.safetensors(\.index\.json)?)$")
 
 
@@ -202,11 +201,8 @@ def write_model_files(folder: str | Path, *, config_json: dict, state: dict[str,
     if dsl_config_json is not None:
         (folder / "dsl_config.json").write_text(dsl_config_json + "\n")
     write_safetensors(state, folder, max_shard_bytes=max_shard_bytes)
-    if tokenizer_dir is not None and Path(tokenizer_dir).is_dir():
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file():
-                shutil.copyfile(src, folder / name)
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, folder)
 
 
 def link_model_files(src: str | Path, dst: str | Path) -> Path:
@@ -272,6 +268,8 @@ def save_run(run: Any, step: int) -> Path:
         write_model_files(tmp, config_json=backbone.config_dict(), state=weights,
                           dsl_config_json=model.config.to_json() if run.is_dsl else None,
                           tokenizer_dir=run.tokenizer_dir)
+        if run.tokenizer_to_save is not None:  # file-less tokenizers ('bytes', 'ids') and tokenizer objects
+            run.tokenizer_to_save.save_pretrained(str(tmp))
         if optim_state is not None:
             save_tree(optim_state, state_dir, "optimizer")
         (state_dir / "scheduler.json").write_text(json.dumps(run.scheduler.state_dict()))

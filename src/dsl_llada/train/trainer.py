@@ -30,7 +30,7 @@ from ..utils import atomic_write_text
 from . import checkpointing as ckpt
 from . import monitor
 from .components import ObjectiveModule, backbone_of, configure_deepspeed, enable_gradient_checkpointing, \
-    flat_config, load_training_model, make_accelerator, resolve_tokenizer, shard_fsdp2
+    flat_config, load_training_model, make_accelerator, resolve_tokenizer, shard_fsdp2, tokenizer_for_checkpoints
 from .config import SCRATCH, TrainConfig
 from .data import make_dataloader
 from .objectives import ObjectiveOutput, check_finite, get_objective
@@ -145,6 +145,8 @@ class Trainer:
             tok, self.tokenizer_dir = self._tokenizer_arg, None
         else:
             tok, self.tokenizer_dir = resolve_tokenizer(c, init_dir or self.resume_from)
+        self.tokenizer_to_save = tokenizer_for_checkpoints(c, tok, self.tokenizer_dir, self.special, self.vocab_size) \
+            if self.main else None
         self.loader = make_dataloader(c.data, tok, batch_size=c.per_device_batch_size, rank=self.rank,
                                       world_size=self.world, texts=self._texts, eos_id=self.special.eos)
         self._eval_batches: list[dict[str, torch.Tensor]] | None = None
