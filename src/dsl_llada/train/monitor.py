@@ -271,15 +271,16 @@ def nll_upper_bound(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
 
 # -- everything at once ------------------------------------------------------------------------------------
 def monitor_all(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], generator: torch.Generator | None = None,
-                *, nll: bool = False, health: bool = True) -> dict[str, float]:
-    """One flat dict for logging: 'clean/…', 'infill/…' always; for a DSLModel also 'fixed_snr/…',
-    'converter/…', 'embed/…' (when `health`) and 'nll/…' (when `nll`)."""
+                *, nll: bool = False, health: bool = True,
+                snrs: tuple[float, ...] = (1, 5, 10, 20, 50)) -> dict[str, float]:
+    """One flat dict for logging: 'clean/…', 'infill/…' always; for a DSLModel also 'fixed_snr/…' (at `snrs`),
+    'converter/…', 'embed/…' (when `health`) and 'nll/…' (when `nll`). The trainer's evaluation is this call."""
     data = _prepared(model, batches)
     out: dict[str, float] = {}
     out.update({f"clean/{k}": v for k, v in clean_eval(model, data).items()})
     out.update({f"infill/{k}": v for k, v in infill_eval(model, data, generator=generator).items()})
     if hasattr(model, "logits_from_states"):
-        out.update({f"fixed_snr/{k}": v for k, v in fixed_snr_eval(model, data, generator=generator).items()})
+        out.update({f"fixed_snr/{k}": v for k, v in fixed_snr_eval(model, data, snrs, generator=generator).items()})
         out.update({f"converter/{k}": v for k, v in converter_stats(model).items()})
         if health:
             out.update({f"embed/{k}": v for k, v in noise_embedding_health(model, generator=generator).items()})
