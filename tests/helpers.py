@@ -71,3 +71,22 @@ def package_modules() -> list[str]:
 
     names = ["dsl_llada"] + [m.name for m in pkgutil.walk_packages(dsl_llada.__path__, prefix="dsl_llada.")]
     return sorted(n for n in names if n not in ENTRY_POINTS)
+
+
+def toy_backbone_folder(path):
+    """A tiny random LLaDA (std 0.3) over a 2-topic toy world's vocabulary, saved at `path` with the world's
+    tokenizer and chat template. Returns `path`."""
+    from dsl_llada.backbones import save_backbone
+    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+
+    world = ToyWorld(ToyWorldConfig(n_topics=2))
+    tok = build_tokenizer(world)
+    s = special_ids(tok)
+    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
+                            bos_token_id=s["bos"])
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    save_backbone(bb, path)
+    tok.save_pretrained(path)
+    return path

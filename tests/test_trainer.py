@@ -253,6 +253,15 @@ def test_grad_hook_mode_and_freezing():
 
 
 # -- resume --------------------------------------------------------------------------------------------------------
+def train_until_killed(cfg: TrainConfig, cfg_file: Path, kill_at: int) -> None:
+    """Run `cfg` in a subprocess that SIGKILLs itself right after update `kill_at` (a real crash)."""
+    cfg.save(cfg_file)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "train_and_kill.py"), str(cfg_file),
+                           str(kill_at)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
 def test_kill_and_resume_is_bitwise_identical(backbone_dir, tmp_path):
     """Kill -9 after update 5 (last checkpoint: 3), resume to 8: losses 4..8 and final parameters are bit-identical
     to an uninterrupted run. Exercises optimizer/scheduler/RNG/data-position restore, keep_last rotation and the
@@ -263,11 +272,7 @@ def test_kill_and_resume_is_bitwise_identical(backbone_dir, tmp_path):
     assert sorted(p.name for p in (tmp_path / "full").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
 
     cfg = tiny_config(backbone_dir, tmp_path / "killed", **common)
-    cfg_file = tmp_path / "killed.json"
-    cfg.save(cfg_file)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "train_and_kill.py"), str(cfg_file), "5"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    train_until_killed(cfg, tmp_path / "killed.json", kill_at=5)
     out = tmp_path / "killed"
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
@@ -301,11 +306,7 @@ def test_logged_curve_is_identical_after_kill_when_saves_fall_inside_a_log_windo
                   warmup_steps=4)
     train(tiny_config(backbone_dir, tmp_path / "full", **common), tokenizer=letters, texts=corpus())
     cfg = tiny_config(backbone_dir, tmp_path / "killed", **common)
-    cfg_file = tmp_path / "killed.json"
-    cfg.save(cfg_file)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "train_and_kill.py"), str(cfg_file), "17"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    train_until_killed(cfg, tmp_path / "killed.json", kill_at=17)
     assert sorted(p.name for p in (tmp_path / "killed").glob("checkpoint-*")) == ["checkpoint-15"]
     train(cfg, tokenizer=letters, texts=corpus())
 

@@ -21,14 +21,19 @@ class TrainStage(ConfigBase):
     objective: str = "dsl"
     """'mdm' (pretraining and the MDM-CPT control), 'dsl', or 'xdlm'."""
     steps: int = 500
+    """Optimizer updates."""
     lr: float = 5e-4
     """Backbone learning rate (constant after warmup)."""
     converter_lr_mult: float = 5.0
     """Converter + noise-embedding LR multiplier (paper: 25x at LR 2e-5; smaller here, the toy LR is larger)."""
     warmup: int = 50
+    """Linear warmup: update u uses lr * min(1, (u + 1) / warmup)."""
     batch_size: int = 32
+    """Conversations per update (drawn with replacement)."""
     weight_decay: float = 0.1
+    """AdamW weight decay of the backbone matrices (the converter is not decayed in the demo)."""
     max_grad_norm: float = 1.0
+    """Global gradient-norm clip."""
     stratified_t: bool = False
     """MDM: stratified diffusion times across the batch (lower-variance loss; used for the stand-in pretraining)."""
 
