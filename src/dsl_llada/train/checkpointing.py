@@ -249,6 +249,8 @@ class RunParts:
     world: int
     model: nn.Module
     """The model being trained, unwrapped (a DSLModel or a bare backbone; sharded parameters under FSDP2)."""
+    is_dsl: bool
+    """`model` is a DSLModel (saved with dsl_config.json and the converter) rather than a bare backbone."""
     dataset: Any
     """The data stream (`state_dict` / `load_state_dict` give its exact position)."""
     generator: torch.Generator
@@ -263,10 +265,6 @@ class RunParts:
     @property
     def main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def is_dsl(self) -> bool:
-        return hasattr(self.model, "converter")
 
 
 @dataclass

@@ -142,8 +142,8 @@ class Trainer:
         self.generator = torch.Generator(device=self.device).manual_seed(c.seed + self.rank)
         self.parts = ckpt.RunParts(
             config=c, acc=acc, backend=self.backend, output_dir=self.output_dir, rank=self.rank, world=self.world,
-            model=self.module.model, dataset=self.loader.dataset, generator=self.generator, group_info=self.group_info,
-            tokenizer_dir=self.tokenizer_dir,
+            model=self.module.model, is_dsl=self.is_dsl, dataset=self.loader.dataset, generator=self.generator,
+            group_info=self.group_info, tokenizer_dir=self.tokenizer_dir,
             tokenizer_to_save=tokenizer_for_checkpoints(c, tok, self.tokenizer_dir, self.special, self.vocab_size)
             if self.main else None)
 
