@@ -41,10 +41,10 @@ from ..utils import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
 
-__all__ = ["FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "RunParts", "RunProgress", "capture_rng", "checkpoint_dir", "commit_dir",
-           "flatten_tree", "is_complete", "latest_checkpoint", "link_model_files", "list_checkpoints", "load_run",
-           "load_tree", "restore_rng", "rotate_checkpoints", "save_run", "save_tree", "truncate_metrics", "unflatten_tree",
-           "write_model_files"]
+__all__ = ["FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "RunParts", "RunProgress", "capture_rng",
+           "checkpoint_dir", "commit_dir", "flatten_tree", "is_complete", "latest_checkpoint", "link_model_files",
+           "list_checkpoints", "load_run", "load_tree", "restore_rng", "rotate_checkpoints", "save_run", "save_tree",
+           "truncate_metrics", "unflatten_tree", "write_model_files"]
 
 FORMAT_VERSION = 1
 TRAINER_STATE = "trainer_state"
