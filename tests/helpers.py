@@ -57,3 +57,36 @@ def perturb_converter(model: DSLModel, seed: int = 1, scale: float = 0.05) -> DS
         for p in model.converter.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g).to(p.dtype))
     return model
+
+
+# `python -m` entry points run the CLI when imported; they are the only modules `package_modules` leaves out.
+ENTRY_POINTS = {"dsl_llada.__main__", "dsl_llada.train.__main__"}
+
+
+def package_modules() -> list[str]:
+    """Every importable module of the installed dsl_llada package (packages included), sorted."""
+    import pkgutil
+
+    import dsl_llada
+
+    names = ["dsl_llada"] + [m.name for m in pkgutil.walk_packages(dsl_llada.__path__, prefix="dsl_llada.")]
+    return sorted(n for n in names if n not in ENTRY_POINTS)
+
+
+def toy_backbone_folder(path):
+    """A tiny random LLaDA (std 0.3) over a 2-topic toy world's vocabulary, saved at `path` with the world's
+    tokenizer and chat template. Returns `path`."""
+    from dsl_llada.backbones import save_backbone
+    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+
+    world = ToyWorld(ToyWorldConfig(n_topics=2))
+    tok = build_tokenizer(world)
+    s = special_ids(tok)
+    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
+                            bos_token_id=s["bos"])
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    save_backbone(bb, path)
+    tok.save_pretrained(path)
+    return path

@@ -387,3 +387,18 @@ def test_dream_missing_field(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="num_hidden_layers"):
         load_backbone(folder)
+
+
+def test_dsl_config_records_the_backbone_family_and_refuses_another(tmp_path):
+    from dsl_llada.config import ConverterConfig, DSLConfig
+    from dsl_llada.model import DSLModel
+
+    folder, _, _ = _dream_folder(tmp_path)
+    dream = load_backbone(folder)
+    model = DSLModel.convert(dream, DSLConfig(converter=ConverterConfig(noise_dim=8)))
+    assert model.config.backbone_type == "dream"  # not the LLaDA default of old
+    model.save_pretrained(tmp_path / "dsl")
+    assert json.loads((tmp_path / "dsl" / "dsl_config.json").read_text())["backbone_type"] == "dream"
+    assert DSLModel.from_pretrained(tmp_path / "dsl").config == model.config
+    with pytest.raises(CheckpointError, match=r"made for a 'llada' backbone but this backbone is 'dream'"):
+        DSLModel.convert(dream, DSLConfig(converter=ConverterConfig(noise_dim=8), backbone_type="llada"))

@@ -279,12 +279,8 @@ def test_missing_folder_and_config(tmp_path):
         load_backbone(tmp_path / "nowhere")
 
 
-def test_check_length():
-    m = _model(max_sequence_length=16)
-    assert m.max_length == 16
-    m.check_length(16)
-    with pytest.raises(ValueError, match="exceeds the model's context of 16"):
-        m.check_length(17)
+def test_max_length_is_the_configured_context():
+    assert _model(max_sequence_length=16).max_length == 16
 
 
 def test_special_token_validation():

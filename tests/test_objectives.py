@@ -340,7 +340,8 @@ def test_xdlm_prompt_never_corrupted(model):
 
 
 def xdm_reference(p: np.ndarray, x: int, z: int, a: float, k1: float, mask_id: int) -> float:
-    """The formula of official-impl.md §2.6 written out directly in float64 numpy."""
+    """XDM's closed-form KL (the XDLM control, paper Appendix "Experimental Details") written out directly in float64
+    numpy, independently of `xdm_kl`."""
     v = p.shape[0]
     b = 1 - a
     zx, zm = float(z == x), float(z == mask_id)

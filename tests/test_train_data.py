@@ -309,7 +309,7 @@ def test_sft_sharding_and_resume():
 @pytest.mark.parametrize("kw,match", [
     (dict(block_size=1), r"block_size must be an int >= 2, got 1"),
     (dict(block_size=4096, max_context=2048), r"block_size=4096 exceeds max_context=2048"),
-    (dict(format="chat"), r"format must be one of \['text', 'sft'\], got 'chat'"),
+    (dict(format="chat"), r"format='chat' is not valid; expected one of \['text', 'sft'\]"),
     (dict(files=["data.csv"]), r"unsupported file type '.csv' for 'data.csv'; valid: \['.txt', '.jsonl', '.parquet'\]"),
     (dict(files=["a.txt"], source="x/y"), r"either source='x/y'.*or files"),
     (dict(subset="validation"), r"needs validation_every"),
@@ -325,7 +325,7 @@ def test_config_roundtrip_and_unknown_keys():
     c = DataConfig(files=["a.jsonl"], block_size=16, validation_every=100)
     assert DataConfig.from_dict(c.to_dict()) == c
     assert DataConfig().block_size == 2048 and DataConfig().shuffle_buffer == 10_000
-    with pytest.raises(ValueError, match=r"unknown keys \['blocksize'\]"):
+    with pytest.raises(ValueError, match=r"unknown DataConfig field\(s\) \['blocksize'\]"):
         DataConfig.from_dict({"blocksize": 3})
 
 

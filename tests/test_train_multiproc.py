@@ -89,7 +89,8 @@ def test_ddp_two_processes_match_one_process_with_double_batch(backbone_dir, tmp
     launch(cmd, steps=5, ACCELERATE_USE_CPU="true")
     r0, r1 = read_ranks(out, 5)
     assert r0["losses"] == r1["losses"] and len(r0["losses"]) == 5
-    assert r0["checksum"] is not None and r0["checksum"] == r1["checksum"], "DDP replicas diverged"
+    assert r0["checksum"] == r1["checksum"], "DDP replicas diverged"
+    assert r0["checksum"] == param_checksum(load_backbone(r0["final_model"])), "saved model != trained replicas"
 
     ref = single_process("mdm", backbone_dir, tmp_path / "single", 5)
     for step, loss in r0["losses"].items():
@@ -97,7 +98,8 @@ def test_ddp_two_processes_match_one_process_with_double_batch(backbone_dir, tmp
     assert_close_models(load_backbone(r0["final_model"]), ref.model)
     # monitoring runs through the DDP module on both processes; the noise-free clean CE sees the same 4 blocks
     assert r0["evals"]["5"]["eval/clean/ce"] == pytest.approx(ref.evals[5]["eval/clean/ce"], rel=1e-5)
-    assert param_checksum(ref.model) is not None
+    assert param_checksum(ref.model) == param_checksum(load_backbone(ref.final_model))
+    assert param_checksum(ref.model) != r0["checksum"]  # float summation order differs: close, not bit-equal
 
 
 def test_fsdp2_torchrun_matches_one_process_and_resumes(backbone_dir, tmp_path):
@@ -114,10 +116,15 @@ def test_fsdp2_torchrun_matches_one_process_and_resumes(backbone_dir, tmp_path):
     first = read_ranks(out, 3)
     assert first[0]["losses"] == first[1]["losses"] and len(first[0]["losses"]) == 3
     assert (out / "run" / "checkpoint-3" / "trainer_state" / "optimizer.safetensors").is_file()
+    # the gathered shards are the same model on both processes, and the one saved at step 3
+    assert first[0]["checksum"] == first[1]["checksum"]
+    assert first[0]["checksum"] == param_checksum(DSLModel.from_pretrained(out / "run" / "checkpoint-3"))
     launch(cmd(), steps=5)
     second = read_ranks(out, 5)
     assert second[0]["losses"] == second[1]["losses"] and second[0]["start_step"] == 3
     assert sorted(map(int, second[0]["losses"])) == [4, 5]
+    assert second[0]["checksum"] == second[1]["checksum"] != first[0]["checksum"]
+    assert second[0]["checksum"] == param_checksum(DSLModel.from_pretrained(second[0]["final_model"]))
 
     ref = single_process("dsl", backbone_dir, tmp_path / "single", 5)
     losses = {**first[0]["losses"], **second[0]["losses"]}

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -17,12 +18,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .backbones.base import CheckpointError
+from .errors import CheckpointError
 from .utils import file_mode
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+"""Every file of a Hugging Face tokenizer folder that travels with a model (the chat template included: without
+`chat_template.jinja` a prompt is silently encoded without its template)."""
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -89,6 +94,19 @@ def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_sh
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return names
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy the tokenizer files (`TOKENIZER_FILES`) present in folder `src` into the existing folder `dst`.
+    Returns the names copied (none when `src` is not a folder)."""
+    src, dst = Path(src), Path(dst)
+    copied = []
+    if src.is_dir():
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dst / name)
+                copied.append(name)
+    return copied
 
 
 def checkpoint_files(folder: str | Path) -> dict[str, Path]:

@@ -149,12 +149,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
     prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
     model = DSLModel.convert(backbone, cfg)
-    extra = {}
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
-        src = Path(a.backbone) / name
-        if src.exists():
-            extra[name] = src.read_text()
-    model.save_pretrained(a.output, extra_files=extra)
+    model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
     print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
     return 0
 

@@ -122,13 +122,16 @@ class DSLConfig(ConfigBase):
     context_embedding: Literal["converter", "wte"] = "converter"
     """Clean context/committed positions: 'converter' = the converter's value column W[:, c] (+ c bias), as the
     paper's Algorithm 2 (W_backbone[c_i]); 'wte' = the backbone's original input embedding (authors' code)."""
-    backbone_type: str = "llada"
-    """Registry name of the backbone family ('llada', 'dream', 'hf')."""
+    backbone_type: str | None = None
+    """Family of the backbone the converter belongs to ('llada', 'dream', 'hf': `Backbone.family`). None = taken
+    from the backbone when a DSLModel is built; a checkpoint whose backbone is of another family is refused."""
 
     _nested: ClassVar[dict[str, type]] = {"converter": ConverterConfig}
 
     def __post_init__(self) -> None:
         _choice("context_embedding", self.context_embedding, ("converter", "wte"))
+        _check(self.backbone_type is None or (isinstance(self.backbone_type, str) and bool(self.backbone_type)),
+               f"backbone_type={self.backbone_type!r} must be a backbone family name (e.g. 'llada', 'dream') or None")
 
 
 ScheduleName = Literal["sensitive", "paper-exact", "uniform"]

@@ -17,10 +17,12 @@ import torch
 from torch import nn
 
 from .backbones import load_backbone
-from .backbones.base import Backbone, CheckpointError, SpecialTokens
-from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, read_json, read_tensors, write_safetensors
+from .backbones.base import Backbone, SpecialTokens
+from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenizer_files, read_json, read_tensors, \
+    write_safetensors
 from .config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
+from .errors import CheckpointError
 from .utils import atomic_directory
 
 DSL_CONFIG_NAME = "dsl_config.json"
@@ -35,7 +37,13 @@ class DSLModel(nn.Module):
 
     def __init__(self, backbone: Backbone, config: DSLConfig | None = None):
         super().__init__()
-        self.config = config or DSLConfig()
+        config = config or DSLConfig()
+        if config.backbone_type is None:
+            config = config.replace(backbone_type=backbone.family)
+        elif config.backbone_type != backbone.family:
+            raise CheckpointError(f"the DSL config was made for a {config.backbone_type!r} backbone but this backbone "
+                                  f"is {backbone.family!r} ({type(backbone).__name__})")
+        self.config = config
         self.backbone = backbone
         cc = self.config.converter
         self.noise_embed = NoiseEmbedding(backbone.vocab_size, cc.noise_dim, trainable=cc.trainable_noise_embed)
@@ -142,12 +150,15 @@ class DSLModel(nn.Module):
         return state
 
     def save_pretrained(self, folder: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                        extra_files: dict[str, str] | None = None) -> Path:
-        """Write config.json + dsl_config.json + safetensors atomically (sharded with an index when large)."""
+                        extra_files: dict[str, str] | None = None, tokenizer_from: str | Path | None = None) -> Path:
+        """Write config.json + dsl_config.json + safetensors atomically (sharded with an index when large), plus
+        the tokenizer files (`checkpoint.TOKENIZER_FILES`) found in folder `tokenizer_from`."""
         folder = Path(folder)
         with atomic_directory(folder) as tmp:
             (tmp / "config.json").write_text(json.dumps(self.backbone.config_dict(), indent=2, sort_keys=True) + "\n")
             (tmp / DSL_CONFIG_NAME).write_text(self.config.to_json() + "\n")
+            if tokenizer_from is not None:
+                copy_tokenizer_files(tokenizer_from, tmp)
             for name, text in (extra_files or {}).items():
                 (tmp / name).write_text(text)
             write_safetensors(self.full_state_dict(), tmp, max_shard_bytes=max_shard_bytes)

@@ -123,7 +123,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
     """A tqdm progress bar that can be silenced (returns the bare iterable when disabled)."""
     if not enabled:
         return iterable if iterable is not None else range(total or 0)
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # noqa: PLC0415  (only when a bar is shown)
 
     return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
 

@@ -5,8 +5,8 @@
     torchrun --nproc_per_node 2 --master_port P tests/scripts/ddp_train.py BACKBONE_DIR OUT_DIR dsl fsdp2
 
 Trains `train_common.multiproc_config` (STEPS env var updates; resume='auto') with the content-seeded objective and
-writes OUT_DIR/rank-{r}-{STEPS}.json: this call's losses and a checksum of this process's full parameters (None when
-they are sharded). Asserts two processes: `accelerate launch --cpu --num_processes 2` silently starts one.
+writes OUT_DIR/rank-{r}-{STEPS}.json: this call's losses and a checksum of the full parameters as this process sees
+them (gathered when sharded). Asserts two processes: `accelerate launch --cpu --num_processes 2` silently starts one.
 """
 
 import os

@@ -78,12 +78,13 @@ def multiproc_config(objective: str, backbone: str | Path, out: str | Path, *, w
                        save_every=0, log_every=1, eval_every=5, eval_batches=2, progress=False, resume="auto")
 
 
-def param_checksum(model: torch.nn.Module) -> str | None:
-    """sha256 over every parameter's bytes (None for sharded DTensor parameters)."""
+def param_checksum(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's and buffer's full bytes (as float32). Sharded (DTensor) tensors are gathered
+    first, so under FSDP every process must call this, in the same order."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
-        if type(t).__name__ == "DTensor":
-            return None
+        if hasattr(t, "full_tensor"):  # a DTensor shard (FSDP2)
+            t = t.full_tensor()
         h.update(name.encode())
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()

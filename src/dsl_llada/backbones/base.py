@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from ..config import ConfigBase
+from ..errors import CheckpointError
 
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or its tensors do not match what the loader expects."""
+__all__ = ["Backbone", "CheckpointError", "SpecialTokens", "padding_to_additive_mask"]
 
 
 @dataclass(frozen=True)
@@ -103,14 +102,6 @@ class Backbone(nn.Module):
     def config_dict(self) -> dict[str, Any]:
         """The backbone's own config (e.g. LLaDA config.json contents) for saving next to the weights."""
         raise NotImplementedError
-
-    def check_length(self, length: int) -> None:
-        m = self.max_length
-        if m is not None and length > m:
-            raise ValueError(
-                f"sequence length {length} (prompt + response) exceeds the model's context of {m} tokens; "
-                f"shorten the prompt or the generation length"
-            )
 
 
 def padding_to_additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

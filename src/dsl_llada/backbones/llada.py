@@ -265,9 +265,6 @@ class LLaDABackbone(Backbone):
         model.load_state_dict(state, assign=True)
         return model.to(device=device)
 
-    def save_config(self, folder: Path) -> None:
-        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n")
-
 
 def tiny_llada_config(vocab_size: int = 64, *, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
                       n_kv_heads: int | None = None, mlp_hidden_size: int | None = None, max_sequence_length: int = 256,

@@ -75,7 +75,7 @@ def sample_remdm(model, prompts: PromptBatch, config: RemaskConfig | None = None
                  callback: StepCallback | None = None, progress: bool = False,
                  return_trajectory: bool = False) -> SampleOutput:
     """ReMDM-conf-loop: `sample_remask` with `config.remdm=True` (paper defaults t_on 0.55, t_off 0.05, alpha 0.9)."""
-    from .remask import sample_remask  # the shared reveal loop lives there
+    from .remask import sample_remask  # noqa: PLC0415  (the shared reveal loop lives there; remask imports this module)
 
     config = (config or RemaskConfig()).replace(remdm=True)
     return sample_remask(model, prompts, config, generator=generator, callback=callback, progress=progress,

@@ -184,8 +184,8 @@ class Demo:
         self.echo(f"[1/4] pretraining a tiny LLaDA-architecture masked DLM ({self.cfg.pretrain.steps} MDM steps)")
         bb = self._fresh_backbone()
         t = time.perf_counter()
-        curve = run_stage(bb, self.tok, train, self.cfg.pretrain, seed=self.cfg.seed, block_size=self._block(train), gen_length=self.gen_length,
-                          progress=self.progress, desc="pretrain (MDM)")
+        curve = run_stage(bb, self.tok, train, self.cfg.pretrain, seed=self.cfg.seed, block_size=self._block(train),
+                          gen_length=self.gen_length, progress=self.progress, desc="pretrain (MDM)")
         self.timings["pretrain_s"] = time.perf_counter() - t
         save_backbone(bb, path)
         self.tok.save_pretrained(str(path))  # so `dsl-llada generate --model <cache dir>` works

@@ -21,14 +21,19 @@ class TrainStage(ConfigBase):
     objective: str = "dsl"
     """'mdm' (pretraining and the MDM-CPT control), 'dsl', or 'xdlm'."""
     steps: int = 500
+    """Optimizer updates."""
     lr: float = 5e-4
     """Backbone learning rate (constant after warmup)."""
     converter_lr_mult: float = 5.0
     """Converter + noise-embedding LR multiplier (paper: 25x at LR 2e-5; smaller here, the toy LR is larger)."""
     warmup: int = 50
+    """Linear warmup: update u uses lr * min(1, (u + 1) / warmup)."""
     batch_size: int = 32
+    """Conversations per update (drawn with replacement)."""
     weight_decay: float = 0.1
+    """AdamW weight decay of the backbone matrices (the converter is not decayed in the demo)."""
     max_grad_norm: float = 1.0
+    """Global gradient-norm clip."""
     stratified_t: bool = False
     """MDM: stratified diffusion times across the batch (lower-variance loss; used for the stand-in pretraining)."""
 
@@ -53,25 +58,14 @@ def sft_tensors(tokenizer, examples: list[TaskExample], gen_length: int, block_s
 
 
 def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, Any]]:
-    """Same grouping as the trainer (`dsl_llada.train.optim`): decayed weights, no-decay set, converter group."""
-    from ..train.optim import is_converter_param, is_no_decay  # noqa: PLC0415
+    """The trainer's grouping function (`dsl_llada.train.optim.group_parameters`) with the demo's one difference:
+    the converter's matrices are not decayed (`decay_converter_matrices=False`; the trainer decays them, as the
+    paper). Each group keeps its `base_lr` for the warmup."""
+    from ..train.optim import group_parameters  # noqa: PLC0415
 
-    conv, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if is_converter_param(name):
-            conv.append(p)
-        elif is_no_decay(name, p):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "lr": stage.lr, "weight_decay": stage.weight_decay, "base_lr": stage.lr},
-              {"params": no_decay, "lr": stage.lr, "weight_decay": 0.0, "base_lr": stage.lr}]
-    if conv:
-        lr = stage.lr * stage.converter_lr_mult
-        groups.append({"params": conv, "lr": lr, "weight_decay": 0.0, "base_lr": lr})
-    return [g for g in groups if g["params"]]
+    groups = group_parameters(model, lr=stage.lr, weight_decay=stage.weight_decay,
+                              converter_lr_mult=stage.converter_lr_mult, decay_converter_matrices=False)
+    return [{**{k: v for k, v in g.items() if k != "param_names"}, "base_lr": g["lr"]} for g in groups]
 
 
 def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,

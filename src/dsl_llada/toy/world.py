@@ -24,13 +24,12 @@ event, optionally under ε-smoothing (see :mod:`dsl_llada.toy.pfsa`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from ..config import ConfigBase, _check
 from . import words as W
 from .pfsa import FINAL, Pfsa, PfsaBuilder
 
@@ -38,66 +37,74 @@ _SG_DETS = (("the", 0.55), ("indef", 0.30), ("this", 0.15))
 _PL_DETS = (("the", 0.50), ("some", 0.20), ("these", 0.15), ("many", 0.15))
 
 
-@dataclass
-class ToyWorldConfig:
-    """Parameters of the toy world (all probabilities are per decision)."""
+@dataclass(frozen=True)
+class ToyWorldConfig(ConfigBase):
+    """Parameters of the toy world (all probabilities are per decision); validated on construction."""
 
-    seed: int = 0  #: base seed for corpora / splits
-    n_topics: int = 8  #: number of topics used (first ``n_topics`` of the lexicon, ≤ 8)
-    nouns_per_topic: int = 6  #: nouns per topic (2..6)
-    verbs_per_topic: int = 4  #: intransitive and transitive verbs per topic (1..4 each)
-    adjectives_per_topic: int = 5  #: topic adjectives (0..5)
-    general_adjectives: int = 8  #: shared adjectives (0..8)
-    max_sentences: int = 4  #: hard cap on sentences per response
-    stop_prob: float = 0.3  #: P(end of response) after each sentence below the cap
-    p_plural: float = 0.4  #: P(a fresh noun phrase is plural)
-    p_adjective: float = 0.3  #: P(a noun phrase carries an adjective)
-    p_transitive: float = 0.6  #: P(the verb is transitive and takes an object)
-    p_opener: float = 0.15  #: P(a sentence starts with "then ," etc.)
-    p_pronoun: float = 0.5  #: later sentences: P(subject is it/they)
-    p_repeat: float = 0.3  #: later sentences: P(subject is "the [adj] <main noun>")
-    epsilon: float = 1e-3  #: default ε of the smoothed scoring model
-    gen_length: int = 48  #: generation length (response + eot + EOS padding)
-    min_doc_sentences: int = 2  #: summarisation documents have at least this many sentences
-    summary_p_the: float = 0.8  #: summary: P("the" rather than "this"/"these")
-    summary_p_first: float = 0.6  #: summary: P(use the first sentence's predicate)
-    summary_p_and: float = 0.25  #: summary: P(add "and" + a second predicate)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ToyWorldConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown ToyWorldConfig keys: {sorted(unknown)}")
-        return cls(**d)
+    seed: int = 0
+    """Base seed for corpora / splits."""
+    n_topics: int = 8
+    """Number of topics used (the first ``n_topics`` of the lexicon, at most 8)."""
+    nouns_per_topic: int = 6
+    """Nouns per topic (2..6)."""
+    verbs_per_topic: int = 4
+    """Intransitive and transitive verbs per topic (1..4 each)."""
+    adjectives_per_topic: int = 5
+    """Topic adjectives (0..5)."""
+    general_adjectives: int = 8
+    """Shared adjectives (0..8)."""
+    max_sentences: int = 4
+    """Hard cap on sentences per response."""
+    stop_prob: float = 0.3
+    """P(end of response) after each sentence below the cap."""
+    p_plural: float = 0.4
+    """P(a fresh noun phrase is plural)."""
+    p_adjective: float = 0.3
+    """P(a noun phrase carries an adjective)."""
+    p_transitive: float = 0.6
+    """P(the verb is transitive and takes an object)."""
+    p_opener: float = 0.15
+    """P(a sentence starts with "then ," etc.)."""
+    p_pronoun: float = 0.5
+    """Later sentences: P(the subject is it/they)."""
+    p_repeat: float = 0.3
+    """Later sentences: P(the subject is "the [adj] <main noun>")."""
+    epsilon: float = 1e-3
+    """Default epsilon of the smoothed scoring model."""
+    gen_length: int = 48
+    """Generation length (response + eot + EOS padding)."""
+    min_doc_sentences: int = 2
+    """Summarisation documents have at least this many sentences."""
+    summary_p_the: float = 0.8
+    """Summary: P("the" rather than "this"/"these")."""
+    summary_p_first: float = 0.6
+    """Summary: P(use the first sentence's predicate)."""
+    summary_p_and: float = 0.25
+    """Summary: P(add "and" + a second predicate)."""
 
     @property
     def max_response_words(self) -> int:
         """Upper bound on response length in words: 10 per sentence."""
         return 10 * self.max_sentences
 
-    def validate(self) -> None:
-        if not 1 <= self.n_topics <= len(W.ALL_TOPICS):
-            raise ValueError(f"n_topics must be in 1..{len(W.ALL_TOPICS)}, got {self.n_topics}")
-        if not 2 <= self.nouns_per_topic <= 6:
-            raise ValueError(f"nouns_per_topic must be in 2..6, got {self.nouns_per_topic}")
-        if not 1 <= self.verbs_per_topic <= 4:
-            raise ValueError(f"verbs_per_topic must be in 1..4, got {self.verbs_per_topic}")
-        if not (0 <= self.adjectives_per_topic <= 5 and 0 <= self.general_adjectives <= 8):
-            raise ValueError("adjectives_per_topic must be in 0..5 and general_adjectives in 0..8")
-        if not 1 <= self.min_doc_sentences <= self.max_sentences:
-            raise ValueError(f"need 1 <= min_doc_sentences ({self.min_doc_sentences}) "
-                             f"<= max_sentences ({self.max_sentences})")
-        if self.p_pronoun + self.p_repeat > 1.0:
-            raise ValueError("p_pronoun + p_repeat must be <= 1")
-        if not 0.0 <= self.epsilon < 1.0:
-            raise ValueError(f"epsilon must be in [0, 1), got {self.epsilon}")
-        if self.gen_length < self.max_response_words + 1:
-            raise ValueError(f"gen_length={self.gen_length} cannot hold the longest response "
-                             f"({self.max_response_words} words + <|eot_id|>)")
+    def __post_init__(self) -> None:
+        _check(1 <= self.n_topics <= len(W.ALL_TOPICS), f"n_topics must be in 1..{len(W.ALL_TOPICS)}, got {self.n_topics}")
+        _check(2 <= self.nouns_per_topic <= 6, f"nouns_per_topic must be in 2..6, got {self.nouns_per_topic}")
+        _check(1 <= self.verbs_per_topic <= 4, f"verbs_per_topic must be in 1..4, got {self.verbs_per_topic}")
+        _check(0 <= self.adjectives_per_topic <= 5 and 0 <= self.general_adjectives <= 8,
+               "adjectives_per_topic must be in 0..5 and general_adjectives in 0..8")
+        _check(self.max_sentences >= 1, f"max_sentences must be >= 1, got {self.max_sentences}")
+        _check(1 <= self.min_doc_sentences <= self.max_sentences,
+               f"need 1 <= min_doc_sentences ({self.min_doc_sentences}) <= max_sentences ({self.max_sentences})")
+        for name in ("stop_prob", "p_plural", "p_adjective", "p_transitive", "p_opener", "p_pronoun", "p_repeat",
+                     "summary_p_the", "summary_p_first", "summary_p_and"):
+            v = getattr(self, name)
+            _check(0.0 <= v <= 1.0, f"{name}={v!r} must be a probability in [0, 1]")
+        _check(self.p_pronoun + self.p_repeat <= 1.0, "p_pronoun + p_repeat must be <= 1")
+        _check(0.0 <= self.epsilon < 1.0, f"epsilon must be in [0, 1), got {self.epsilon}")
+        _check(self.gen_length >= self.max_response_words + 1,
+               f"gen_length={self.gen_length} cannot hold the longest response "
+               f"({self.max_response_words} words + <|eot_id|>)")
 
 
 class ToyWorld:
@@ -105,7 +112,6 @@ class ToyWorld:
 
     def __init__(self, config: ToyWorldConfig | None = None) -> None:
         self.config = config or ToyWorldConfig()
-        self.config.validate()
         c = self.config
         self.topics: list[str] = list(W.ALL_TOPICS[: c.n_topics])
         self.nouns = {t: W.TOPIC_NOUNS[t][: c.nouns_per_topic] for t in self.topics}

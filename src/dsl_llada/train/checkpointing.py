@@ -26,29 +26,30 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
-from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, write_safetensors
+from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, copy_tokenizer_files, \
+    write_safetensors
 from ..utils import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
 
-__all__ = ["FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "capture_rng", "checkpoint_dir", "commit_dir",
-           "flatten_tree", "is_complete", "latest_checkpoint", "link_model_files", "list_checkpoints", "load_run",
-           "load_tree", "restore_rng", "rotate_checkpoints", "save_run", "save_tree", "truncate_metrics", "unflatten_tree",
-           "write_model_files"]
+__all__ = ["FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "RunParts", "RunProgress", "capture_rng",
+           "checkpoint_dir", "commit_dir", "flatten_tree", "is_complete", "latest_checkpoint", "link_model_files",
+           "list_checkpoints", "load_run", "load_tree", "restore_rng", "rotate_checkpoints", "save_run", "save_tree",
+           "truncate_metrics", "unflatten_tree", "write_model_files"]
 
 FORMAT_VERSION = 1
 TRAINER_STATE = "trainer_state"
 STATE_FILE = "state.json"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 MODEL_FILES_RE = re.compile(r"^(config\.json|dsl_config\.json|model.*\.safetensors(\.index\.json)?)$")
 
 
@@ -202,11 +203,8 @@ def write_model_files(folder: str | Path, *, config_json: dict, state: dict[str,
     if dsl_config_json is not None:
         (folder / "dsl_config.json").write_text(dsl_config_json + "\n")
     write_safetensors(state, folder, max_shard_bytes=max_shard_bytes)
-    if tokenizer_dir is not None and Path(tokenizer_dir).is_dir():
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file():
-                shutil.copyfile(src, folder / name)
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, folder)
 
 
 def link_model_files(src: str | Path, dst: str | Path) -> Path:
@@ -233,15 +231,55 @@ def link_model_files(src: str | Path, dst: str | Path) -> Path:
 
 
 # -- a run's full state ------------------------------------------------------------------------------------------------
-# `run` is the Trainer (dsl_llada.train.trainer): it provides config, acc (Accelerator), output_dir, rank, world, main,
-# wrapped (prepared module), unwrapped (ObjectiveModule), optimizer, scheduler, loader, generator, is_dsl, sharded, ds,
-# group_info, tokenizer_dir, tokens_seen, last_checkpoint, last_saved_step.
 MODEL_PREFIX = "model."  # parameter names inside ObjectiveModule
 
 
-def save_run(run: Any, step: int) -> Path:
+@dataclass
+class RunParts:
+    """What writing and restoring a run's checkpoints needs; the trainer builds it once per run."""
+
+    config: Any
+    """The run's TrainConfig."""
+    acc: Any
+    """The accelerate Accelerator (barriers)."""
+    backend: Any
+    """The engine back-end (`dsl_llada.train.backends.Backend`): model weights and optimizer state."""
+    output_dir: Path
+    rank: int
+    world: int
+    model: nn.Module
+    """The model being trained, unwrapped (a DSLModel or a bare backbone; sharded parameters under FSDP2)."""
+    is_dsl: bool
+    """`model` is a DSLModel (saved with dsl_config.json and the converter) rather than a bare backbone."""
+    dataset: Any
+    """The data stream (`state_dict` / `load_state_dict` give its exact position)."""
+    generator: torch.Generator
+    """The objective's generator on this process."""
+    group_info: list[dict]
+    """Name, tensor and parameter counts of every optimizer parameter group (checked on resume)."""
+    tokenizer_dir: Path | None = None
+    """Folder whose tokenizer files are copied into every checkpoint."""
+    tokenizer_to_save: Any = None
+    """Otherwise a tokenizer object whose `save_pretrained` files go into every checkpoint."""
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class RunProgress:
+    """The counters a checkpoint stores besides model, optimizer, scheduler, RNG and data position."""
+
+    step: int
+    tokens_seen: int = 0
+    log_window: dict | None = None
+    """This process's `LogWindow.state_dict()` (None in checkpoints written before it was saved)."""
+
+
+def save_run(run: RunParts, progress: RunProgress) -> Path:
     """Write checkpoint-{step}: every process takes part (FSDP gathers to rank 0), rank 0 commits and rotates."""
-    c, acc = run.config, run.acc
+    c, acc, step = run.config, run.acc, progress.step
     final = checkpoint_dir(run.output_dir, step)
     tmp = final.with_name(f".{final.name}.tmp")
     state_dir = tmp / TRAINER_STATE
@@ -249,51 +287,35 @@ def save_run(run: Any, step: int) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         state_dir.mkdir(parents=True)
     acc.wait_for_everyone()
-    model = run.unwrapped.model
-    optim_state = None
-    if run.sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
-            get_optimizer_state_dict  # noqa: PLC0415
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(run.wrapped, options=opts)
-        optim_state = get_optimizer_state_dict(run.wrapped, run.optimizer, options=opts)
-        weights = {k.removeprefix(MODEL_PREFIX): v for k, v in full.items()}
-        if run.is_dsl:
-            weights = {k.removeprefix("backbone."): v for k, v in weights.items()}
-    else:
-        weights = (model.full_state_dict() if run.is_dsl else model.state_dict()) if run.main else {}
-        if run.main and not run.ds:
-            optim_state = run.optimizer.state_dict()
-    if run.ds:
-        run.wrapped.save_checkpoint(str(state_dir / "deepspeed"), tag="state", save_latest=False)
+    weights = run.backend.model_weights(run.model, run.is_dsl, run.main)
+    run.backend.save_optimizer(state_dir, run.main)
     if run.main:
-        backbone = model.backbone if run.is_dsl else model
+        backbone = run.model.backbone if run.is_dsl else run.model
         write_model_files(tmp, config_json=backbone.config_dict(), state=weights,
-                          dsl_config_json=model.config.to_json() if run.is_dsl else None,
+                          dsl_config_json=run.model.config.to_json() if run.is_dsl else None,
                           tokenizer_dir=run.tokenizer_dir)
-        if optim_state is not None:
-            save_tree(optim_state, state_dir, "optimizer")
-        (state_dir / "scheduler.json").write_text(json.dumps(run.scheduler.state_dict()))
+        if run.tokenizer_to_save is not None:  # file-less tokenizers ('bytes', 'ids') and tokenizer objects
+            run.tokenizer_to_save.save_pretrained(str(tmp))
+        (state_dir / "scheduler.json").write_text(json.dumps(run.backend.scheduler.state_dict()))
         (state_dir / "train_config.json").write_text(c.to_json() + "\n")
+        name = run.backend.name
         (state_dir / STATE_FILE).write_text(json.dumps({
             "format_version": FORMAT_VERSION, "step": step, "world_size": run.world, "objective": c.objective,
-            "param_groups": run.group_info, "tokens_seen": run.tokens_seen, "sharded": run.sharded,
-            "deepspeed": run.ds}, indent=2))
-    save_tree({"rng": capture_rng({"objective": run.generator}), "data": run.loader.dataset.state_dict()},
-              state_dir, f"rank-{run.rank}")
+            "param_groups": run.group_info, "tokens_seen": progress.tokens_seen, "backend": name,
+            "sharded": name == "fsdp2", "deepspeed": name == "deepspeed"}, indent=2))
+    save_tree({"rng": capture_rng({"objective": run.generator}), "data": run.dataset.state_dict(),
+               "log_window": progress.log_window}, state_dir, f"rank-{run.rank}")
     acc.wait_for_everyone()
     if run.main:
         commit_dir(tmp, final)
         rotate_checkpoints(run.output_dir, c.keep_last, protect=final)
     acc.wait_for_everyone()
-    run.last_checkpoint, run.last_saved_step = final, step
     return final
 
 
-def load_run(run: Any, folder: Path) -> int:
-    """Restore optimizer, scheduler, RNG, data position and counters from `folder` (the model weights were loaded
-    from it already). Returns the checkpoint's step."""
+def load_run(run: RunParts, folder: Path) -> RunProgress:
+    """Restore optimizer, scheduler, RNG and data position from `folder` (the model weights were loaded from it
+    already). Returns the checkpoint's step and counters."""
     from ..config import ConfigError  # noqa: PLC0415
 
     state_dir = folder / TRAINER_STATE
@@ -312,24 +334,13 @@ def load_run(run: Any, folder: Path) -> int:
     diff = sorted(k for k, v in run.config.to_dict().items() if old.get(k) != v and k not in ("resume", "max_steps"))
     if diff and run.main:
         logger.warning("resuming %s with changed settings: %s", folder, diff)
-    if run.sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # noqa: PLC0415
-
-        osd = load_tree(state_dir, "optimizer") if run.main else {}
-        set_optimizer_state_dict(run.wrapped, run.optimizer, osd,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    elif run.ds:
-        run.wrapped.load_checkpoint(str(state_dir / "deepspeed"), tag="state", load_optimizer_states=True,
-                                    load_lr_scheduler_states=False)
-    else:
-        run.optimizer.load_state_dict(load_tree(state_dir, "optimizer"))
-    run.scheduler.load_state_dict(json.loads((state_dir / "scheduler.json").read_text()))
+    run.backend.load_optimizer(state_dir, run.main)
+    run.backend.scheduler.load_state_dict(json.loads((state_dir / "scheduler.json").read_text()))
     mine = load_tree(state_dir, f"rank-{run.rank}")
     restore_rng(mine["rng"], {"objective": run.generator})
-    run.loader.dataset.load_state_dict(mine["data"])
-    run.tokens_seen = int(state.get("tokens_seen", 0))
-    run.last_checkpoint, run.last_saved_step = folder, int(state["step"])
-    return int(state["step"])
+    run.dataset.load_state_dict(mine["data"])
+    return RunProgress(step=int(state["step"]), tokens_seen=int(state.get("tokens_seen", 0)),
+                       log_window=mine.get("log_window"))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -12,18 +12,18 @@ import torch
 from torch import nn
 
 from ..backbones import load_backbone
-from ..backbones.base import Backbone
+from ..backbones.base import Backbone, SpecialTokens
 from ..backbones.llada import LLaDABackbone, LLaDAConfig
 from ..checkpoint import checkpoint_files
 from ..config import ConfigError
 from ..model import DSL_PREFIXES, DSLModel
-from .config import SCRATCH, TrainConfig
+from .config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
 logger = logging.getLogger("dsl_llada.train")
 
 __all__ = ["ObjectiveModule", "backbone_of", "configure_deepspeed", "enable_gradient_checkpointing", "flat_config",
-           "load_training_model", "make_accelerator", "resolve_tokenizer", "shard_fsdp2"]
+           "load_training_model", "make_accelerator", "resolve_tokenizer", "shard_fsdp2", "tokenizer_for_checkpoints"]
 
 
 class ObjectiveModule(nn.Module):
@@ -179,6 +179,31 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
     from ..generation import load_tokenizer  # noqa: PLC0415
 
     return load_tokenizer(folder), folder
+
+
+def tokenizer_for_checkpoints(config: TrainConfig, tokenizer: Any, tokenizer_dir: Path | None, special: SpecialTokens,
+                              vocab_size: int) -> Any:
+    """The tokenizer object whose `save_pretrained` files go into every checkpoint, or None.
+
+    None when `tokenizer_dir` is set (its files are copied instead). 'bytes'/'ids' get equivalent Hugging Face
+    tokenizer files; a tokenizer object passed to the Trainer is saved as is; a bare callable cannot be saved (a
+    warning says so: `generate` then needs --tokenizer)."""
+    if tokenizer_dir is not None:
+        return None
+    if isinstance(config.tokenizer, str) and config.tokenizer in SPECIAL_TOKENIZERS and \
+            tokenizer in (_byte_encode, _ids_encode):
+        from .builtin_tokenizers import builtin_tokenizer  # noqa: PLC0415
+
+        try:
+            return builtin_tokenizer(config.tokenizer, vocab_size, special)
+        except ValueError as e:
+            logger.warning("checkpoints will hold no tokenizer files: %s", e)
+            return None
+    if hasattr(tokenizer, "save_pretrained"):
+        return tokenizer
+    logger.warning("checkpoints will hold no tokenizer files (the tokenizer is a plain callable); pass --tokenizer "
+                   "to `dsl-llada generate`")
+    return None
 
 
 def enable_gradient_checkpointing(backbone: nn.Module) -> None:

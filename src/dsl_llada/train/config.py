@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..config import ConfigBase, ConfigError, DSLConfig
-from .data import DataConfig
+from ..config import ConfigBase, ConfigError, DSLConfig, _check
+from .data_config import DataConfig
 from .objectives import OBJECTIVES, ObjectiveConfig
 
 __all__ = ["TrainConfig", "load_train_config", "apply_overrides", "parse_override_value", "SCRATCH",
@@ -28,11 +28,6 @@ SCRATCH = "scratch"
 SPECIAL_TOKENIZERS = ("bytes", "ids")
 """`tokenizer` values that need no files: UTF-8 bytes (ids 0..255) or whitespace-separated integer ids."""
 LOGGERS = ("jsonl", "tensorboard", "wandb")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def _is_int(v: Any) -> bool:
@@ -225,12 +220,6 @@ class TrainConfig(ConfigBase):
                f"eval_snrs={self.eval_snrs!r} must be a non-empty list of SNRs >= 0")
         _check(self.logging in LOGGERS, f"logging={self.logging!r} is not valid; expected one of {list(LOGGERS)}")
         _check(isinstance(self.project_name, str) and bool(self.project_name), "project_name must be a non-empty string")
-
-    # DataConfig is a plain dataclass (not a ConfigBase): serialise it explicitly.
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["data"] = self.data.to_dict()
-        return out
 
     @property
     def converter_lr(self) -> float:

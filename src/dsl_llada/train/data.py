@@ -42,27 +42,20 @@ iterable datasets and prefetches a batch ahead, which would shift the saved posi
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .data_config import DataConfig
 from .sft import RenderPrompt, build_sft_example, normalize_sft_record
 from .sources import expand_files, make_encoder, read_file, text_of
 
 __all__ = ["DataConfig", "TokenBlockDataset", "make_encoder", "collate_blocks", "make_dataloader"]
 
-FORMATS = ("text", "sft")
-FILE_TYPES = (".txt", ".jsonl", ".parquet")
-TXT_DOCUMENTS = ("paragraph", "file")
-SUBSETS = ("train", "validation")
-SFT_OVERFLOW = ("error", "truncate")
 _STATE_VERSION = 1
 _ENCODE_CHUNK = 64  # documents per batched tokenizer call (does not affect the output)
 Item = tuple[np.ndarray, int]  # (block ids int32, prompt_length or -1)
@@ -70,98 +63,6 @@ Item = tuple[np.ndarray, int]  # (block ids int32, prompt_length or -1)
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-@dataclass
-class DataConfig:
-    """Where the data comes from and how it becomes training blocks.
-
-    Exactly one source: ``source`` (Hugging Face dataset id, e.g. "HuggingFaceFW/fineweb-edu"
-    with ``dataset_config="sample-10BT"``), ``files`` (local paths/globs), or ``texts=`` given
-    to the dataset/loader.  ``block_size`` defaults to the paper's 2048 and must not exceed
-    ``max_context`` when that is set.  ``shuffle_buffer`` <= 1 disables shuffling.
-    ``repeat=True`` loops over the data forever, reshuffling each epoch.
-    ``subset`` picks the side of the ``validation_every`` hold-out.  SFT only:
-    ``sft_overflow`` ("error" | "truncate") for responses that do not fit and
-    ``sft_response_suffix`` (text appended to every response, e.g. an end-of-turn token).
-    """
-
-    source: str | None = None
-    dataset_config: str | None = None
-    split: str = "train"
-    streaming: bool = True
-    files: list[str] | None = None
-    text_field: str = "text"
-    txt_documents: str = "paragraph"
-    format: str = "text"
-    block_size: int = 2048
-    max_context: int | None = None
-    insert_eos_separator: bool = True
-    drop_remainder: bool = True
-    shuffle_buffer: int = 10_000
-    seed: int = 0
-    repeat: bool = False
-    validation_every: int | None = None
-    subset: str = "train"
-    sft_overflow: str = "error"
-    sft_response_suffix: str = ""
-
-    def __post_init__(self) -> None:
-        def choice(name: str, valid: tuple[str, ...]) -> None:
-            if getattr(self, name) not in valid:
-                raise ValueError(f"DataConfig.{name} must be one of {list(valid)}, got {getattr(self, name)!r}")
-
-        choice("format", FORMATS)
-        choice("txt_documents", TXT_DOCUMENTS)
-        choice("subset", SUBSETS)
-        choice("sft_overflow", SFT_OVERFLOW)
-        if not _is_int(self.block_size) or self.block_size < 2:
-            raise ValueError(f"DataConfig.block_size must be an int >= 2, got {self.block_size!r}")
-        if self.max_context is not None:
-            if not _is_int(self.max_context) or self.max_context < 2:
-                raise ValueError(f"DataConfig.max_context must be None or an int >= 2, got {self.max_context!r}")
-            if self.block_size > self.max_context:
-                raise ValueError(f"DataConfig.block_size={self.block_size} exceeds max_context={self.max_context}; "
-                                 f"use block_size <= {self.max_context}")
-        if not _is_int(self.shuffle_buffer) or self.shuffle_buffer < 0:
-            raise ValueError(f"DataConfig.shuffle_buffer must be an int >= 0, got {self.shuffle_buffer!r}")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"DataConfig.seed must be an int >= 0, got {self.seed!r}")
-        if self.validation_every is not None and (not _is_int(self.validation_every) or self.validation_every < 2):
-            raise ValueError(f"DataConfig.validation_every must be None or an int >= 2, got {self.validation_every!r}")
-        if self.subset == "validation" and self.validation_every is None:
-            raise ValueError("DataConfig.subset='validation' needs validation_every (e.g. 100); got None")
-        if not isinstance(self.text_field, str) or not self.text_field:
-            raise ValueError(f"DataConfig.text_field must be a non-empty string, got {self.text_field!r}")
-        if isinstance(self.files, (str, os.PathLike)):
-            self.files = [self.files]
-        if self.files is not None:
-            self.files = [os.fspath(f) for f in self.files]
-            if not self.files:
-                raise ValueError("DataConfig.files is an empty list; give at least one path or use None")
-        if self.source is not None and self.files is not None:
-            raise ValueError(f"DataConfig: give either source={self.source!r} (HF dataset id) or files, not both")
-        if self.source is not None and (not isinstance(self.source, str) or not self.source.strip()):
-            raise ValueError(f"DataConfig.source must be a Hugging Face dataset id string, got {self.source!r}")
-        for f in self.files or []:
-            ext = os.path.splitext(f)[1].lower()
-            if ext not in FILE_TYPES:
-                raise ValueError(f"DataConfig.files: unsupported file type {ext or '(none)'!r} for {f!r}; "
-                                 f"valid: {list(FILE_TYPES)}")
-            if ext == ".txt" and self.format == "sft":
-                raise ValueError(f"DataConfig.files: format='sft' needs structured records (.jsonl/.parquet), "
-                                 f"got {f!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DataConfig:
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise ValueError(f"DataConfig: unknown keys {unknown}; valid keys: {valid}")
-        return cls(**dict(d))
 
 
 class TokenBlockDataset(IterableDataset):
@@ -220,7 +121,7 @@ class TokenBlockDataset(IterableDataset):
                 yield from read_file(path, cfg.txt_documents)
         else:
             try:
-                import datasets
+                import datasets  # noqa: PLC0415  (optional dependency)
             except ImportError:
                 raise ImportError(f"DataConfig.source={cfg.source!r} is a Hugging Face dataset id, which needs the "
                                   f"`datasets` package: pip install datasets (or use DataConfig.files / texts=)") from None

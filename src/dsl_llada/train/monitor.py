@@ -1,5 +1,7 @@
-"""Training-time monitoring (official-impl.md §2.5): fixed-SNR, clean and infilling evaluations, converter and
-noise-embedding health, and the DSL NLL upper bound.
+"""Training-time monitoring: fixed-SNR, clean and infilling evaluations, converter and noise-embedding health, and
+the DSL NLL upper bound. The paper reports none of these; they are what the authors' training script logged (fixed
+SNR {1, 5, 10, 20, 50} through the DSL path of paper §3.1, clean and 50 %-[MASK] infilling CE through `wte`, |cos|
+and effective rank of noise rows and converter value columns), so runs here can be compared with theirs.
 
 Conventions
 - Every function runs under ``torch.no_grad()`` with every module of the model in eval mode, and restores each
@@ -254,7 +256,8 @@ def nll_bound_curve(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
 def nll_upper_bound(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], n_points: int = 20,
                     gamma_max: float | None = None, generator: torch.Generator | None = None,
                     return_curve: bool = False) -> dict:
-    """min over the SNR grid of ∫₀^γ integrand + CE(γ) (bits/token; official-impl.md §2.5).
+    """min over the SNR grid of ∫₀^γ integrand + CE(γ) (bits/token): the Stochastic Localization bound of the DSL
+    paper the DSL-LLaDA paper builds on (§2, "Continuous Denoising for Discrete Tokens"), evaluated on a linear SNR grid.
 
     Keys: 'nll_bound' (bits/token), 'nll_bound_snr' (argmin γ), 'nll_ce_bits' and 'nll_integral' at the argmin,
     'ce_bits_at_0' (prior CE), 'gamma_max'. Only floats, unless `return_curve` adds 'curve' (the list of
@@ -271,15 +274,16 @@ def nll_upper_bound(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
 
 # -- everything at once ------------------------------------------------------------------------------------
 def monitor_all(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], generator: torch.Generator | None = None,
-                *, nll: bool = False, health: bool = True) -> dict[str, float]:
-    """One flat dict for logging: 'clean/…', 'infill/…' always; for a DSLModel also 'fixed_snr/…',
-    'converter/…', 'embed/…' (when `health`) and 'nll/…' (when `nll`)."""
+                *, nll: bool = False, health: bool = True,
+                snrs: tuple[float, ...] = (1, 5, 10, 20, 50)) -> dict[str, float]:
+    """One flat dict for logging: 'clean/…', 'infill/…' always; for a DSLModel also 'fixed_snr/…' (at `snrs`),
+    'converter/…', 'embed/…' (when `health`) and 'nll/…' (when `nll`). The trainer's evaluation is this call."""
     data = _prepared(model, batches)
     out: dict[str, float] = {}
     out.update({f"clean/{k}": v for k, v in clean_eval(model, data).items()})
     out.update({f"infill/{k}": v for k, v in infill_eval(model, data, generator=generator).items()})
     if hasattr(model, "logits_from_states"):
-        out.update({f"fixed_snr/{k}": v for k, v in fixed_snr_eval(model, data, generator=generator).items()})
+        out.update({f"fixed_snr/{k}": v for k, v in fixed_snr_eval(model, data, snrs, generator=generator).items()})
         out.update({f"converter/{k}": v for k, v in converter_stats(model).items()})
         if health:
             out.update({f"embed/{k}": v for k, v in noise_embedding_health(model, generator=generator).items()})

@@ -18,10 +18,11 @@ Every objective is a callable ``objective(model, batch, generator) -> ObjectiveO
 Loss positions and normalisation (all three objectives)
     The *eligible* positions are the non-padding positions, minus the prompt (``i < prompt_length[b]``) when
     ``mask_prompt`` is on and the batch has ``prompt_length``. Each loss is a sum over eligible positions divided by
-    the number of eligible positions — which is B·L for pretraining blocks, i.e. exactly the authors'
-    ``ΣCE / (B·L)`` (official-impl.md §2.4, §2.6). With prompt masking this is a token-level mean over all response
-    positions of the micro-batch (LLaDA's SFT recipe instead divides by each sequence's own answer length and then
-    averages sequences; the two agree when answers have equal length).
+    the number of eligible positions — which is B·L for pretraining blocks, i.e. exactly the authors' code
+    ``ΣCE / (B·L)`` (the paper's §3.1 loss is the plain sum over positions; the mean only rescales the LR). With
+    prompt masking this is a token-level mean over all response positions of the micro-batch (LLaDA's SFT recipe
+    instead divides by each sequence's own answer length and then averages sequences; the two agree when answers
+    have equal length).
 
 DSL (paper §3.1, Algorithm 1)
     γ (B, L) ~ `sample_training_snr`; z = γ e_x + √γ ε; logits = backbone(converter(z)); fp32 cross-entropy
@@ -37,10 +38,11 @@ XDLM
     Per sequence α_t = 1 − ((1 − ε) t + ε); per token u ~ U(0, 1): keep if u < α_t, uniformly random id if
     α_t ≤ u < α_t + k1 (1 − α_t), else MASK. Random ids exclude the special ids (mask, eos, eot, bos, pad) unless
     ``exclude_special_from_random=False`` (the authors' code draws from all of [0, V), MASK included).
-    ``xdlm_loss="xdm"``: the XDM closed-form KL of official-impl.md §2.6 (see :func:`xdm_kl`), summed over all
-    eligible positions. ``xdlm_loss="ce"``: cross-entropy on the corrupted (random or masked) positions weighted by
-    1 / (1 − α_t), the probability that a position is corrupted — the same estimator as MDM-CPT with "corrupted" in
-    place of "masked"; kept positions carry no loss (the model is not trained to leave clean tokens alone).
+    ``xdlm_loss="xdm"``: XDM's closed-form KL (the XDLM control of the paper's Appendix "Experimental Details",
+    k1 = 10 %, ε = 1e-3; see :func:`xdm_kl`), summed over all eligible positions. ``xdlm_loss="ce"``:
+    cross-entropy on the corrupted (random or masked) positions weighted by 1 / (1 − α_t), the probability that a
+    position is corrupted — the same estimator as MDM-CPT with "corrupted" in place of "masked"; kept positions carry
+    no loss (the model is not trained to leave clean tokens alone).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ __all__ = [
 
 OBJECTIVES: tuple[str, ...] = ("dsl", "mdm", "xdlm")
 
-# SNR buckets for the per-bucket DSL metrics (official-impl.md §2.5); the last one is closed at 100.
+# SNR buckets for the per-bucket DSL metrics (the buckets of the authors' training logs; the paper reports none);
+# the last one is closed at 100.
 SNR_BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 2.0), (2.0, 5.0), (5.0, 10.0), (10.0, 20.0), (20.0, 100.0))
 
 # XDLM corruption kinds returned by `xdlm_corrupt`.
@@ -310,7 +313,8 @@ def xdlm_corrupt(ids: torch.Tensor, mask_id: int, table: torch.Tensor, eps: floa
 
 def xdm_kl(logits: torch.Tensor, x: torch.Tensor, z: torch.Tensor, alpha: torch.Tensor, mask_id: int,
            k1: float) -> torch.Tensor:
-    """Per-position XDM KL of official-impl.md §2.6: logits (N, V), clean x (N,), noisy z (N,), α (N,) -> (N,) f64.
+    """Per-position XDM KL (the XDLM control, paper Appendix "Experimental Details"): logits (N, V), clean x (N,),
+    noisy z (N,), α (N,) -> (N,) f64.
 
     With β = 1 − α, p = softmax(logits) after forcing the MASK logit to the fp32 minimum, v = V,
     r = k1 + v (1 − k1) [z = MASK]:

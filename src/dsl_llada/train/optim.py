@@ -32,12 +32,11 @@ from .config import TrainConfig
 logger = logging.getLogger("dsl_llada.train")
 
 __all__ = ["CONVERTER_PREFIXES", "apply_freezing", "build_optimizer", "clip_grad_norm_sharded",
-           "converter_parameters", "is_converter_param", "is_no_decay", "lr_lambda", "param_groups",
+           "converter_parameters", "group_parameters", "is_converter_param", "is_no_decay", "lr_lambda", "param_groups",
            "register_converter_grad_hooks", "scale_converter_grads"]
 
 CONVERTER_PREFIXES = ("converter.", "noise_embed.")
-NO_DECAY_NAMES = ("converter.beta", "converter.logit_bias", "converter.mask_key", "noise_embed.weight",
-                  "converter.gate_temp", "converter.gate_bias")
+NO_DECAY_NAMES = ("converter.beta", "converter.logit_bias", "converter.mask_key", "noise_embed.weight")
 
 
 def is_converter_param(name: str) -> bool:
@@ -100,30 +99,45 @@ def apply_freezing(model: nn.Module, config: TrainConfig) -> dict[str, int]:
     return counts
 
 
-def param_groups(model: nn.Module, config: TrainConfig, *, prefix: str = "") -> list[dict]:
-    """AdamW parameter groups (see the module docstring). `prefix` is stripped from names (wrapper modules)."""
+def group_parameters(model: nn.Module, *, lr: float, weight_decay: float, converter_lr_mult: float = 1.0,
+                     decay_converter_matrices: bool = True, prefix: str = "") -> list[dict]:
+    """AdamW parameter groups (see the module docstring): the one place that decides which parameters are the
+    converter's and which are decayed. `prefix` is stripped from names (wrapper modules).
+
+    `decay_converter_matrices=False` puts the converter's matrices (value map W, residual) in the no-decay group
+    too: the toy demo's choice (`dsl_llada.toy.demo_train`), kept so its numbers do not move. The trainer decays
+    them, as the paper's AdamW (wd 0.1 on every weight matrix) and the authors' Hugging Face Trainer do.
+    """
     norm_ids = _norm_param_ids(model)
-    mult = config.converter_lr_mult if config.converter_lr_mode == "param_group" else 1.0
     buckets: dict[str, list[tuple[str, nn.Parameter]]] = {
         "backbone": [], "backbone_no_decay": [], "converter": [], "converter_no_decay": []}
     for full, p in model.named_parameters():
         if not p.requires_grad:
             continue
         name = full[len(prefix):] if prefix and full.startswith(prefix) else full
-        kind = "converter" if is_converter_param(name) else "backbone"
-        if is_no_decay(name, p, norm_ids):
+        converter = is_converter_param(name)
+        kind = "converter" if converter else "backbone"
+        if is_no_decay(name, p, norm_ids) or (converter and not decay_converter_matrices):
             kind += "_no_decay"
         buckets[kind].append((name, p))
     groups = []
     for kind, items in buckets.items():
         if not items:
             continue
-        lr = config.lr * (mult if kind.startswith("converter") else 1.0)
+        group_lr = lr * (converter_lr_mult if kind.startswith("converter") else 1.0)
         groups.append({"name": kind, "params": [p for _, p in items], "param_names": [n for n, _ in items],
-                       "lr": lr, "weight_decay": 0.0 if kind.endswith("no_decay") else config.weight_decay})
+                       "lr": group_lr, "weight_decay": 0.0 if kind.endswith("no_decay") else weight_decay})
     if not groups:
         raise ConfigError("nothing to train: every parameter is frozen (check freeze_backbone / freeze_* options)")
     return groups
+
+
+def param_groups(model: nn.Module, config: TrainConfig, *, prefix: str = "") -> list[dict]:
+    """The trainer's groups: `group_parameters` with the config's LR, weight decay and converter LR mode
+    ('grad_hook' keeps the converter at `lr`; its gradients are scaled instead)."""
+    mult = config.converter_lr_mult if config.converter_lr_mode == "param_group" else 1.0
+    return group_parameters(model, lr=config.lr, weight_decay=config.weight_decay, converter_lr_mult=mult,
+                            prefix=prefix)
 
 
 def lr_lambda(warmup_steps: int):

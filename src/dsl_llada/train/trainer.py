@@ -5,6 +5,7 @@ stream is rank-sharded by `make_dataloader`; it is *not* passed through ``accele
 and prefetch and so break the exact resume position), run the objective inside the prepared module's ``forward``
 (so DDP / FSDP / DeepSpeed hooks fire), backward with accumulation, refuse non-finite losses or gradient norms on
 every rank together, clip the global norm, step AdamW and the warmup schedule, log, monitor, checkpoint.
+What differs between engines (accelerate's DDP, FSDP2, DeepSpeed) lives in one back-end object (`backends.py`).
 
 Determinism: every random draw of the objective comes from one ``torch.Generator`` per process seeded with
 ``seed + rank`` and saved in checkpoints, so a resumed CPU run reproduces the uninterrupted run's losses bit for bit.
@@ -12,7 +13,6 @@ Determinism: every random draw of the objective comes from one ``torch.Generator
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -29,19 +29,19 @@ from ..model import DSLModel
 from ..utils import atomic_write_text
 from . import checkpointing as ckpt
 from . import monitor
-from .components import ObjectiveModule, backbone_of, configure_deepspeed, enable_gradient_checkpointing, \
-    flat_config, load_training_model, make_accelerator, resolve_tokenizer, shard_fsdp2
+from .backends import Backend, make_backend
+from .components import ObjectiveModule, backbone_of, enable_gradient_checkpointing, flat_config, \
+    load_training_model, make_accelerator, resolve_tokenizer, tokenizer_for_checkpoints
 from .config import SCRATCH, TrainConfig
-from .data import DataConfig, make_dataloader
+from .data import make_dataloader
+from .metrics_log import METRICS_FILE, LogWindow, append_record
 from .objectives import ObjectiveOutput, check_finite, get_objective
-from .optim import apply_freezing, build_optimizer, clip_grad_norm_sharded, converter_parameters, param_groups, \
-    register_converter_grad_hooks, scale_converter_grads
+from .optim import apply_freezing, build_optimizer, converter_parameters, param_groups
 
 logger = logging.getLogger("dsl_llada.train")
 
 __all__ = ["METRICS_FILE", "ObjectiveModule", "TrainResult", "Trainer", "TrainingDiverged", "load_training_model", "train"]
 
-METRICS_FILE = "metrics.jsonl"
 PREFIX = ckpt.MODEL_PREFIX  # parameter names inside ObjectiveModule
 
 
@@ -113,14 +113,43 @@ class Trainer:
 
     def _setup(self) -> None:
         c = self.config
-        self.acc, self.mp = make_accelerator(c, self.output_dir)
+        self.acc, mp = make_accelerator(c, self.output_dir)
         acc = self.acc
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         self.device = acc.device
-        from accelerate.utils import DistributedType, set_seed  # noqa: PLC0415
+        from accelerate.utils import set_seed  # noqa: PLC0415
 
         set_seed(c.seed)
         self.resume_from = self._resume_point()
+        model = self._load_model()
+        tok = self._setup_data()
+
+        # objective, wrapper, back-end (sharding / preparation), optimiser
+        objective = self._objective_arg or get_objective(c.objective, config=c.objective_options)
+        wrapper = ObjectiveModule(model, objective)
+        self.backend: Backend = make_backend(acc, c, mp)
+        self.backend.shard(wrapper)
+        groups = param_groups(wrapper, c, prefix=PREFIX)
+        self.group_info = [{"name": g["name"], "n_params": sum(p.numel() for p in g["params"]), "n_tensors": len(g["params"])}
+                           for g in groups]
+        self.backend.prepare(wrapper, *build_optimizer(groups, c))
+        self.module: ObjectiveModule = self.backend.module
+        if c.converter_lr_mode == "grad_hook" and self.is_dsl:
+            conv_params = converter_parameters(self.module, PREFIX)
+            if conv_params:
+                self.backend.attach_converter_multiplier(conv_params, c.converter_lr_mult)
+        self.trainable = [p for p in self.module.parameters() if p.requires_grad]
+        self.generator = torch.Generator(device=self.device).manual_seed(c.seed + self.rank)
+        self.parts = ckpt.RunParts(
+            config=c, acc=acc, backend=self.backend, output_dir=self.output_dir, rank=self.rank, world=self.world,
+            model=self.module.model, is_dsl=self.is_dsl, dataset=self.loader.dataset, generator=self.generator,
+            group_info=self.group_info, tokenizer_dir=self.tokenizer_dir,
+            tokenizer_to_save=tokenizer_for_checkpoints(c, tok, self.tokenizer_dir, self.special, self.vocab_size)
+            if self.main else None)
+
+    def _load_model(self) -> nn.Module:
+        """The model to train (from the resume checkpoint, the `model` argument or `init_from`), frozen as configured."""
+        c = self.config
         if self.resume_from is None and self._model_arg is None and not c.init_from:
             raise ConfigError("init_from is required: a backbone folder (e.g. LLaDA-8B-Instruct), a DSL checkpoint "
                               "folder, or 'scratch' (with scratch_model)")
@@ -138,8 +167,11 @@ class Trainer:
         if c.gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
         model.train()
+        return model
 
-        # tokenizer and data
+    def _setup_data(self) -> Any:
+        """The tokenizer (returned) and this process's share of the data stream (`self.loader`)."""
+        c = self.config
         init_dir = Path(c.init_from) if c.init_from and c.init_from != SCRATCH and Path(c.init_from).is_dir() else None
         if self._tokenizer_arg is not None:
             tok, self.tokenizer_dir = self._tokenizer_arg, None
@@ -149,32 +181,7 @@ class Trainer:
                                       world_size=self.world, texts=self._texts, eos_id=self.special.eos)
         self._eval_batches: list[dict[str, torch.Tensor]] | None = None
         self._tok = tok
-
-        # objective, wrapper, sharding/preparation, optimiser
-        objective = self._objective_arg or get_objective(c.objective, config=c.objective_options)
-        wrapper = ObjectiveModule(model, objective)
-        self.ds = acc.distributed_type == DistributedType.DEEPSPEED
-        self.sharded = c.sharding == "fsdp2" or acc.distributed_type == DistributedType.FSDP
-        self.ignored: list[nn.Parameter] = []
-        if self.sharded:
-            self.ignored = shard_fsdp2(wrapper, self.device, self.mp, getattr(acc.state, "fsdp_plugin", None))
-        groups = param_groups(wrapper, c, prefix=PREFIX)
-        self.group_info = [{"name": g["name"], "n_params": sum(p.numel() for p in g["params"]), "n_tensors": len(g["params"])}
-                           for g in groups]
-        optimizer, scheduler = build_optimizer(groups, c)
-        if self.sharded:
-            self.wrapped, self.optimizer, self.scheduler = wrapper, optimizer, scheduler
-        else:
-            if self.ds:
-                configure_deepspeed(acc, c)
-            self.wrapped, self.optimizer, self.scheduler = acc.prepare(wrapper, optimizer, scheduler)
-        self.unwrapped: ObjectiveModule = wrapper if self.sharded else acc.unwrap_model(self.wrapped)
-        self.conv_params = converter_parameters(self.unwrapped, PREFIX) if self.is_dsl else []
-        self.hooks = []
-        if c.converter_lr_mode == "grad_hook" and self.conv_params and not self.sharded:
-            self.hooks = register_converter_grad_hooks(self.conv_params, c.converter_lr_mult)
-        self.trainable = [p for p in self.unwrapped.parameters() if p.requires_grad]
-        self.generator = torch.Generator(device=self.device).manual_seed(c.seed + self.rank)
+        return tok
 
     # ---------------------------------------------------------------------------------------------- helpers
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -216,11 +223,9 @@ class Trainer:
     def _eval_data(self) -> list[dict[str, torch.Tensor]]:
         if self._eval_batches is None:
             c = self.config
-            dcfg = c.data.to_dict()
-            dcfg.update(shuffle_buffer=0, repeat=False)
-            if c.data.validation_every is not None:
-                dcfg.update(subset="validation")
-            loader = make_dataloader(DataConfig.from_dict(dcfg), self._tok, batch_size=c.per_device_batch_size,
+            dcfg = c.data.replace(shuffle_buffer=0, repeat=False,
+                                  subset="validation" if c.data.validation_every is not None else c.data.subset)
+            loader = make_dataloader(dcfg, self._tok, batch_size=c.per_device_batch_size,
                                      rank=self.rank, world_size=self.world, texts=self._texts, eos_id=self.special.eos)
             out = []
             try:
@@ -234,99 +239,44 @@ class Trainer:
         return self._eval_batches
 
     def _evaluate(self) -> dict[str, float]:
+        """`monitor.monitor_all` on the evaluation batches, run inside the wrapped module's forward (so DDP / FSDP /
+        DeepSpeed see every use of the parameters) and averaged over processes (token counts left out)."""
         c = self.config
         batches = self._eval_data()
         if self._all_reduce([0.0 if batches else 1.0], "max")[0] >= 1:  # some process has nothing to evaluate
             return {}
         gen = torch.Generator(device=self.device).manual_seed(c.seed + 1_000_003 + self.rank)
-        is_dsl, snrs, vocab = self.is_dsl, tuple(c.eval_snrs), self.vocab_size
+        snrs = tuple(c.eval_snrs)
 
         def run(model: nn.Module) -> dict[str, float]:
-            out: dict[str, float] = {}
-            out.update({f"clean/{k}": v for k, v in monitor.clean_eval(model, batches).items() if k != "n_tokens"})
-            out.update({f"infill/{k}": v for k, v in monitor.infill_eval(model, batches, generator=gen).items()
-                        if k not in ("n_tokens", "mask_rate")})
-            if is_dsl:
-                out.update({f"fixed_snr/{k}": v for k, v in monitor.fixed_snr_eval(model, batches, snrs, gen).items()})
-                out.update({f"converter/{k}": v for k, v in monitor.converter_stats(model).items()})
-                out.update({f"embed/{k}": v for k, v in
-                            monitor.noise_embedding_health(model, n=min(1000, vocab), generator=gen).items()})
-            return out
+            return {k: v for k, v in monitor.monitor_all(model, batches, gen, snrs=snrs).items()
+                    if not k.endswith(("/n_tokens", "/mask_rate"))}
 
         with torch.no_grad():
-            local = self.wrapped(fn=run)
+            local = self.backend.wrapped(fn=run)
         keys = sorted(local)
         vals = self._all_reduce([float(local[k]) for k in keys])
         return {f"eval/{k}": v / self.world for k, v in zip(keys, vals)}
-
-    # ---------------------------------------------------------------------------------------------- loop
-    def _micro_step(self, batch: dict[str, torch.Tensor], last: bool) -> tuple[float, dict[str, float], int]:
-        batch = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-        if self.sharded:
-            self.wrapped.set_requires_gradient_sync(last)
-            loss, metrics, n = self.wrapped(batch, self.generator)
-            (loss / self.config.grad_accum).backward()
-        else:
-            with self.acc.accumulate(self.wrapped):
-                loss, metrics, n = self.wrapped(batch, self.generator)
-                self.acc.backward(loss)
-        return float(loss.detach()), metrics, int(n)
-
-    def _clip(self) -> float | None:
-        c = self.config
-        if self.sharded:
-            if self.ignored and self.world > 1:
-                import torch.distributed as dist  # noqa: PLC0415
-
-                for p in self.ignored:
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
-                        p.grad.div_(self.world)
-            if c.converter_lr_mode == "grad_hook" and self.conv_params:
-                scale_converter_grads(self.conv_params, c.converter_lr_mult)
-            return clip_grad_norm_sharded(self.trainable, c.max_grad_norm)
-        if self.ds:
-            return None  # DeepSpeed clips inside its step (gradient_clipping in its config)
-        norm = self.acc.clip_grad_norm_(self.trainable, c.max_grad_norm if c.max_grad_norm else float("inf"))
-        return None if norm is None else float(norm)
 
     def _diverged(self, step: int, what: str) -> TrainingDiverged:
         where = (f"the last good checkpoint is {self.last_checkpoint} (step {self.last_saved_step}); resume from it "
                  f"(resume='auto') with a lower lr or max_grad_norm" if self.last_checkpoint is not None else
                  "no checkpoint was written yet (save_every)")
-        update = ("DeepSpeed had already applied this update in memory" if self.ds else
-                  "the optimizer did not update")
+        update = ("DeepSpeed had already applied this update in memory" if self.backend.update_applied_before_norm
+                  else "the optimizer did not update")
         return TrainingDiverged(f"training stopped at step {step}: {what}. Nothing was saved for this step and "
                                 f"{update}; {where}", step, self.last_checkpoint)
 
+    # ---------------------------------------------------------------------------------------------- the loop
     def train(self) -> TrainResult:
         self._setup()
-        c, acc = self.config, self.acc
-        self.tokens_seen, self.last_checkpoint, self.last_saved_step = 0, None, -1
-        start = ckpt.load_run(self, self.resume_from) if self.resume_from is not None else 0
-        if self.main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            if start:
-                ckpt.truncate_metrics(self.output_dir / METRICS_FILE, start)
-            else:
-                (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
-            atomic_write_text(self.output_dir / "train_config.json", c.to_json() + "\n")
-            logger.info("training %s (%s) for %d updates from step %d on %d process(es): global batch %d x %d tokens; "
-                        "groups %s; frozen %s%s", c.objective, type(self.unwrapped.model).__name__, c.max_steps, start,
-                        self.world, c.global_batch(self.world), c.data.block_size,
-                        [(g["name"], g["n_params"]) for g in self.group_info], self.frozen,
-                        f"; resumed from {self.resume_from}" if self.resume_from else "")
-        if acc.log_with and self.main:
-            acc.init_trackers(c.project_name, config=flat_config(c.to_dict()))
+        c = self.config
+        start = self._begin()
         result = TrainResult(self.output_dir, start, start, "already_done", world_size=self.world,
                              metrics_file=self.output_dir / METRICS_FILE)
-        bar = None
-        if c.progress and self.main and start < c.max_steps:
-            from tqdm.auto import tqdm  # noqa: PLC0415
-
-            bar = tqdm(total=c.max_steps, initial=start, desc=f"train {c.objective}", dynamic_ncols=True)
-        step, window = start, {"loss": [], "tokens": 0.0, "t0": time.perf_counter(), "metrics": {}}
-        t_start = time.perf_counter()
+        bar = self._progress_bar(start)
+        self.t_start = time.perf_counter()
+        step = start
         it = iter(self.loader)
         try:
             while step < c.max_steps:
@@ -337,94 +287,139 @@ class Trainer:
                         logger.warning("the data stream ended after step %d (data.repeat=false); stopping early", step)
                     break
                 step += 1
-                loss_sum, bad, tokens, where = 0.0, 0.0, 0.0, ""
-                for i, batch in enumerate(micro):
-                    loss, metrics, _ = self._micro_step(batch, i == len(micro) - 1)
-                    tokens += float(batch["input_ids"].numel())
-                    try:
-                        check_finite(loss, step, metrics)
-                    except FloatingPointError as e:
-                        bad += 1
-                        where = where or f"{e} (process {self.rank}, micro-batch {i + 1}/{len(micro)})"
-                    else:
-                        loss_sum += loss
-                        for k, v in metrics.items():
-                            window["metrics"].setdefault(k, []).append(v)
-                loss_sum, n_micro, bad_all, tokens = self._all_reduce([loss_sum, float(len(micro)), bad, tokens])
-                if bad_all:
-                    raise self._diverged(step, where or "non-finite loss on another process")
-                grad_norm = self._clip()
-                if grad_norm is not None and not math.isfinite(grad_norm):
-                    raise self._diverged(step, f"non-finite gradient norm {grad_norm}")
-                used_lr = {g.get("name", str(i)): g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.ds and grad_norm is None:
-                    gn = self.wrapped.get_global_grad_norm()
-                    grad_norm = None if gn is None else float(gn)
-                    if grad_norm is not None and not math.isfinite(grad_norm):
-                        raise self._diverged(step, f"non-finite gradient norm {grad_norm}")
-                loss_mean = loss_sum / n_micro
-                self.tokens_seen += int(tokens)
-                result.losses[step] = loss_mean
-                window["loss"].append(loss_mean)
-                window["tokens"] += tokens
-                record: dict[str, Any] = {}
-                last = step == c.max_steps
-                if step % c.log_every == 0 or last:
-                    record = self._log_record(step, window, grad_norm, used_lr, t_start)
-                if c.eval_every and (step % c.eval_every == 0 or last):
-                    ev = self._evaluate()
-                    result.evals[step] = ev
-                    record.update(ev)
-                    record["step"] = step
-                if record and self.main:
-                    with open(self.output_dir / METRICS_FILE, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(record) + "\n")
-                    if acc.log_with:
-                        acc.log({k: v for k, v in record.items() if k != "step"}, step=step)
+                loss, grad_norm, lrs = self._update(step, micro)
+                result.losses[step] = loss
+                record = self._report(step, grad_norm, lrs, result)
                 if c.save_every and step % c.save_every == 0:
-                    ckpt.save_run(self, step)
+                    self._save(step)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss_mean:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.backend.optimizer.param_groups[0]['lr']:.2e}")
                 if self.on_step is not None:
                     self.on_step(step, record)
-                if record:  # throughput windows exclude monitoring and checkpoint time
-                    window["t0"] = time.perf_counter()
+                if record:
+                    self.window.restart_clock()
             else:
                 result.stop_reason = "max_steps" if step > start else "already_done"
-            if step > self.last_saved_step and step > 0:
-                ckpt.save_run(self, step)
-            if c.save_final and self.main and self.last_checkpoint is not None:
-                result.final_model = ckpt.link_model_files(self.last_checkpoint, self.output_dir / "final")
-            acc.wait_for_everyone()
-            if c.save_final and result.final_model is None and self.last_checkpoint is not None:
-                result.final_model = self.output_dir / "final"
+            self._finish(step, result)
         finally:
             if bar is not None:
                 bar.close()
-            for h in self.hooks:
-                h.remove()
-            if acc.log_with:
-                acc.end_training()
+            self.backend.close()
+            if self.acc.log_with:
+                self.acc.end_training()
         result.final_step, result.last_checkpoint = step, self.last_checkpoint
-        result.model = self.unwrapped.model
+        result.model = self.module.model
         return result
 
-    def _log_record(self, step: int, window: dict, grad_norm: float | None, lrs: dict[str, float],
-                    t_start: float) -> dict[str, Any]:
-        now = time.perf_counter()
-        dt = max(now - window["t0"], 1e-9)
-        rec: dict[str, Any] = {"step": step, "loss": sum(window["loss"]) / len(window["loss"]),
-                               "grad_norm": grad_norm, "tokens_per_s": window["tokens"] / dt,
-                               "tokens": self.tokens_seen, "elapsed_s": now - t_start}
-        rec.update({f"lr/{k}": v for k, v in lrs.items()})  # the LR this update used
-        for k, vs in sorted(window["metrics"].items()):
-            rec[f"train/{k}"] = sum(vs) / len(vs)
-        window.update(loss=[], tokens=0.0, t0=now, metrics={})
-        return rec
+    def _begin(self) -> int:
+        """Restore the resume checkpoint's state (or start at 0), prepare the output folder and trackers. Returns
+        the first step's predecessor."""
+        c = self.config
+        self.tokens_seen, self.last_checkpoint, self.last_saved_step = 0, None, -1
+        self.window = LogWindow()
+        start = 0
+        if self.resume_from is not None:
+            progress = ckpt.load_run(self.parts, self.resume_from)
+            start, self.tokens_seen = progress.step, progress.tokens_seen
+            if progress.log_window is not None:
+                self.window.load_state_dict(progress.log_window)
+            self.last_checkpoint, self.last_saved_step = self.resume_from, start
+        if self.main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if start:
+                ckpt.truncate_metrics(self.output_dir / METRICS_FILE, start)
+            else:
+                (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+            atomic_write_text(self.output_dir / "train_config.json", c.to_json() + "\n")
+            logger.info("training %s (%s) for %d updates from step %d on %d process(es) [%s]: global batch %d x %d "
+                        "tokens; groups %s; frozen %s%s", c.objective, type(self.module.model).__name__, c.max_steps,
+                        start, self.world, self.backend.name, c.global_batch(self.world), c.data.block_size,
+                        [(g["name"], g["n_params"]) for g in self.group_info], self.frozen,
+                        f"; resumed from {self.resume_from}" if self.resume_from else "")
+        if self.acc.log_with and self.main:
+            self.acc.init_trackers(c.project_name, config=flat_config(c.to_dict()))
+        return start
+
+    def _progress_bar(self, start: int):
+        c = self.config
+        if not (c.progress and self.main and start < c.max_steps):
+            return None
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        return tqdm(total=c.max_steps, initial=start, desc=f"train {c.objective}", dynamic_ncols=True)
+
+    def _update(self, step: int, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float | None, dict[str, float]]:
+        """One optimizer update over `micro`: forward/backward, the finite checks on every process, clip, step.
+        Returns (mean loss over micro-batches and processes, gradient norm, the learning rates it used)."""
+        loss_sum, bad, tokens, where = 0.0, 0.0, 0.0, ""
+        for i, batch in enumerate(micro):
+            batch = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            loss_t, metrics, _ = self.backend.forward_backward(batch, self.generator, last=i == len(micro) - 1)
+            loss = float(loss_t.detach())
+            tokens += float(batch["input_ids"].numel())
+            try:
+                check_finite(loss, step, metrics)
+            except FloatingPointError as e:
+                bad += 1
+                where = where or f"{e} (process {self.rank}, micro-batch {i + 1}/{len(micro)})"
+            else:
+                loss_sum += loss
+                self.window.add_metrics(metrics)
+        loss_sum, n_micro, bad_all, tokens = self._all_reduce([loss_sum, float(len(micro)), bad, tokens])
+        if bad_all:
+            raise self._diverged(step, where or "non-finite loss on another process")
+        grad_norm = self.backend.clip(self.trainable, self.config.max_grad_norm)
+        self._check_grad_norm(step, grad_norm)
+        optimizer = self.backend.optimizer
+        used_lr = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+        optimizer.step()
+        self.backend.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if grad_norm is None:
+            grad_norm = self.backend.grad_norm_after_step()
+            self._check_grad_norm(step, grad_norm)
+        loss_mean = loss_sum / n_micro
+        self.tokens_seen += int(tokens)
+        self.window.add_update(loss_mean, tokens)
+        return loss_mean, grad_norm, used_lr
+
+    def _check_grad_norm(self, step: int, grad_norm: float | None) -> None:
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            raise self._diverged(step, f"non-finite gradient norm {grad_norm}")
+
+    def _report(self, step: int, grad_norm: float | None, lrs: dict[str, float], result: TrainResult) -> dict[str, Any]:
+        """The metrics record of `step` (empty when nothing is due): logged window, evaluation; written by rank 0."""
+        c = self.config
+        record: dict[str, Any] = {}
+        last = step == c.max_steps
+        if step % c.log_every == 0 or last:
+            record = self.window.record(step, grad_norm, lrs, self.tokens_seen, self.t_start)
+        if c.eval_every and (step % c.eval_every == 0 or last):
+            ev = self._evaluate()
+            result.evals[step] = ev
+            record.update(ev)
+            record["step"] = step
+        if record and self.main:
+            append_record(self.output_dir / METRICS_FILE, record)
+            if self.acc.log_with:
+                self.acc.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        return record
+
+    def _save(self, step: int) -> None:
+        progress = ckpt.RunProgress(step=step, tokens_seen=self.tokens_seen, log_window=self.window.state_dict())
+        self.last_checkpoint, self.last_saved_step = ckpt.save_run(self.parts, progress), step
+
+    def _finish(self, step: int, result: TrainResult) -> None:
+        """The last checkpoint (unless this step was just saved) and the `final/` model folder."""
+        c = self.config
+        if step > self.last_saved_step and step > 0:
+            self._save(step)
+        if c.save_final and self.main and self.last_checkpoint is not None:
+            result.final_model = ckpt.link_model_files(self.last_checkpoint, self.output_dir / "final")
+        self.acc.wait_for_everyone()
+        if c.save_final and result.final_model is None and self.last_checkpoint is not None:
+            result.final_model = self.output_dir / "final"
 
 
 def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
