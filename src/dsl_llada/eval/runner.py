@@ -170,9 +170,11 @@ class RunResult:
 
 
 def _state():
+    """accelerate's process state (one process without a launcher; gloo on CPU, NCCL on GPUs under one)."""
+    import torch  # noqa: PLC0415
     from accelerate import PartialState  # noqa: PLC0415
 
-    return PartialState()
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, new_run: bool = False,

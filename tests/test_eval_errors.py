@@ -1,0 +1,107 @@
+"""Bad input to `dsl-llada eval`: one clear error naming the value, before any model is loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval_fixtures import base_config, data_dir, make_models
+
+from dsl_llada.cli import main
+from dsl_llada.config import ConfigError
+from dsl_llada.eval.config import EvalConfig, apply_overrides, load_eval_config
+from dsl_llada.eval.data import DataError
+from dsl_llada.eval.runner import run_eval
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    data_dir()
+    return make_models(tmp_path_factory.mktemp("eval-err-models"))
+
+
+def task(path, **kw) -> dict:
+    return {"name": "generation", "datasets": [{"name": "p", "path": str(path), "kind": "prompts", "gen_length": 8, **kw}]}
+
+
+def test_config_round_trip_and_overrides(models):
+    cfg = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=3)]))
+    assert EvalConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    d = apply_overrides(cfg.to_dict(), ["nfe=[8,16]", "tasks.generation.datasets.p.limit=7", "methods.LLaDA.options.eos_inf=true",
+                                        "batch_size=2"])
+    new = EvalConfig.from_dict(d)
+    assert new.nfe == (8, 16) and new.tasks[0].datasets[0].limit == 7 and new.batch_size == 2
+    assert new.method("LLaDA").options == {"eos_inf": True}
+    with pytest.raises(ConfigError, match="no list element named or numbered 'nope'"):
+        apply_overrides(cfg.to_dict(), ["methods.nope.options.eta=0"])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"batch_size": 0}, "batch_size=0 must be >= 1"),
+    ({"scoring_mode": "paper"}, "scoring_mode='paper' is not valid; expected one of ['default', 'authors']"),
+    ({"methods": [{"name": "X", "model": "nope", "preset": "llada"}]}, "model='nope' is not one of the models"),
+    ({"methods": [{"name": "X", "model": "dsl", "preset": "sde"}]}, "preset='sde' is not valid"),
+    ({"tasks": [{"name": "translation", "datasets": []}]}, "task 'translation' is not valid"),
+    ({"colour": 1}, "unknown EvalConfig field(s) ['colour']"),
+])
+def test_bad_config_values(models, change, message):
+    with pytest.raises(ConfigError) as e:
+        EvalConfig.from_dict({**base_config(models, [task(data_dir() / "prompts_200.jsonl")]), **change})
+    assert message in str(e.value)
+
+
+def test_nfe_a_method_cannot_take(models, tmp_path):
+    cfg = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=2)], nfe=[5]))
+    with pytest.raises(ConfigError, match=r"'DSL-SDE' \(dsl-sde\) cannot take NFE 5: .* even"):
+        run_eval(cfg, tmp_path / "run", progress=False)
+    blk = [{"name": "Block", "model": "dsl", "preset": "block-sde", "options": {"block_length": 4}}]
+    cfg = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=2)], nfe=[8], methods=blk))
+    with pytest.raises(ConfigError, match=r"2 blocks of 4\) cannot take NFE 8: .* e\.g\. \[6, 10, 18"):
+        run_eval(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # refused before the folder was touched
+
+
+def test_data_errors(models, tmp_path):
+    missing = EvalConfig.from_dict(base_config(models, [task(tmp_path / "absent.jsonl")]))
+    with pytest.raises(DataError, match="absent.jsonl' does not exist"):
+        run_eval(missing, tmp_path / "r1", progress=False)
+    no_field = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", fields={"prompt": "text"})]))
+    with pytest.raises(DataError, match=r"field 'text' \(for 'prompt'\) is not in the rows; fields present: \['category', 'id', 'prompt'\]"):
+        run_eval(no_field, tmp_path / "r2", progress=False)
+    empty = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", offset=500)]))
+    with pytest.raises(DataError, match=r"has no usable rows \(200 rows read, offset=500"):
+        run_eval(empty, tmp_path / "r3", progress=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
+        run_eval(EvalConfig.from_dict(base_config(models, [task(bad)])), tmp_path / "r4", progress=False)
+
+
+def test_bare_backbone_cannot_run_the_sde(models, tmp_path):
+    cfg = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=2)],
+                                           methods=[{"name": "S", "model": "llada", "preset": "dsl-sde"}]))
+    with pytest.raises(ConfigError, match="needs a DSL checkpoint .* 'llada' .* is a bare backbone"):
+        run_eval(cfg, tmp_path / "run", progress=False)
+
+
+def test_cli_help_and_error_exit(models, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "run", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--config", "--out", "--overwrite", "--new-run", "--no-report", "KEY=VALUE", "accelerate launch"):
+        assert opt in out
+    with pytest.raises(SystemExit):
+        main(["eval", "report", "--help"])
+    assert "--mode" in capsys.readouterr().out
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(base_config(models, [task(tmp_path / "absent.jsonl")])))
+    assert main(["eval", "run", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data file") and "absent.jsonl' does not exist" in err[0]
+    assert main(["eval", "run", "--config", str(cfg), "nfe=[8]", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["nfe"] == [8]
+    assert main(["eval", "report", str(tmp_path / "nothing")]) == 2
+    assert "is not a `dsl-llada eval run` folder" in capsys.readouterr().err
+    assert load_eval_config(cfg).nfe == (4,)
