@@ -163,3 +163,60 @@ def test_smollm2_plain_english_vs_shuffled():
     p, s = sc.perplexities([plain, shuffled])
     print(f"SmolLM2 load+score {time.perf_counter() - t0:.1f} s: plain {p:.1f}, shuffled {s:.1f}")
     assert p < 60 and s > 10 * p
+
+
+# --------------------------------------------------------------------------- BERTScore
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("bert_score")
+    from dsl_llada.eval.scorers.bertscore import BERTScoreError, local_minilm_dir
+
+    try:
+        return local_minilm_dir()
+    except BERTScoreError as e:
+        pytest.skip(str(e))
+
+
+def test_bertscore_identity_and_unrelated(minilm):
+    from dsl_llada.eval.scorers.bertscore import bertscore
+
+    refs = ["The cat sat on the mat.", "Stocks fell sharply on Monday after the bank raised rates."]
+    same = bertscore(refs, refs, model_dir=minilm, num_layers=4)
+    assert all(abs(f - 1.0) < 1e-4 and abs(p - 1.0) < 1e-4 for p, _, f in same)
+    other = bertscore(list(reversed(refs)), refs, model_dir=minilm, num_layers=4)
+    assert all(o[2] < s[2] - 0.1 for o, s in zip(other, same))
+    para = bertscore(["A cat was sitting on the mat."], refs[:1], model_dir=minilm, num_layers=4)[0][2]
+    assert other[0][2] < para < 1.0  # a paraphrase sits between unrelated and identical
+
+
+def test_bertscore_order_batch_invariance_and_cache(minilm):
+    from dsl_llada.eval.scorers.bertscore import _SCORERS, bertscore
+
+    cands = ["a short one", "the weather today is sunny and warm across the whole country", "hello there",
+             "prices rose", "the committee approved the new budget after a long debate"]
+    refs = ["a short sentence", "sunny and warm weather is expected nationwide", "hi",
+            "prices increased", "after debating for hours the committee passed the budget"]
+    base = bertscore(cands, refs, model_dir=minilm, num_layers=4, batch_size=1)
+    s2 = _SCORERS[(str(minilm.resolve()), 4, "cpu", "None")]  # the encoder loaded above, reused
+    s2._cache.clear()
+    s2.forward_pairs = 0
+    perm = [3, 0, 4, 2, 1]
+    got = s2.score([cands[i] for i in perm], [refs[i] for i in perm], batch_size=3)
+    for j, i in enumerate(perm):
+        assert got[j] == pytest.approx(base[i], abs=1e-5)
+    n = s2.forward_pairs
+    again = s2.score(cands + cands[:2], refs + refs[:2], batch_size=3)
+    assert s2.forward_pairs == n == 5  # all cache hits
+    assert again[5] == again[0]
+
+
+def test_bertscore_errors(minilm, tmp_path):
+    from dsl_llada.eval.scorers.bertscore import BERTScoreError, bertscore
+
+    with pytest.raises(BERTScoreError, match="does not exist"):
+        bertscore(["a"], ["a"], model_dir=tmp_path / "nope", num_layers=2)
+    with pytest.raises(BERTScoreError, match=r"num_layers must be an integer in \[1, 6\]"):
+        bertscore(["a"], ["a"], model_dir=minilm, num_layers=7)
+    with pytest.raises(ValueError, match="cands has 1 texts but refs has 2"):
+        bertscore(["a"], ["a", "b"], model_dir=minilm, num_layers=2)
