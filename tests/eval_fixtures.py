@@ -80,3 +80,19 @@ def base_config(models: dict[str, Path], tasks: list[dict], *, methods: list[dic
                           {"name": "LLaDA", "model": "llada", "preset": "llada"}]
     return {"models": [{"name": "dsl", "path": str(models["dsl"])}, {"name": "llada", "path": str(models["llada"])}],
             "methods": methods, "tasks": tasks, "nfe": [4], "seeds": [42], "batch_size": 3, "device": "cpu", **kw}
+
+
+def make_causal_lm(folder: Path, tok_folder: Path, seed: int = 0) -> Path:
+    """A tiny random Llama causal LM over the test tokenizer (AR baseline and GenPPL scorer), saved with it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tok_folder))
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+                      bos_token_id=3, eos_token_id=0, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -75,6 +75,7 @@ def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
     model_rank = {m.name: i for i, m in enumerate(cfg.models)}
     for ti, tspec in enumerate(cfg.tasks):
         task = get_task(tspec.name)
+        task.check_options(tspec.options)
         for ds in tspec.datasets:
             samples = task.samples(ds, tspec.options)
             L = task.gen_length(ds)

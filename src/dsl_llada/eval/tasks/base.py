@@ -42,6 +42,11 @@ class SamplingTask:
     def gen_length(self, ds: DatasetSpec) -> int:
         raise NotImplementedError
 
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Raise one clear error for a bad task option (e.g. a scorer folder that is missing)."""
+        if options:
+            raise ValueError(f"task {self.name!r} takes no options, got {sorted(options)}")
+
     def item_metrics(self, sample_info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
         raise NotImplementedError
 

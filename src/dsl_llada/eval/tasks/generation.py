@@ -12,7 +12,7 @@ absent = no GenPPL. `mauve`: bool.
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
 from typing import Any
 
 from ..config import DatasetSpec
@@ -58,6 +58,12 @@ class GenerationTask(SamplingTask):
     def gen_length(self, ds: DatasetSpec) -> int:
         return ds.gen_length or 256
 
+    def check_options(self, options: dict[str, Any]) -> None:
+        unknown = sorted(set(options) - {"scorer", "mauve"})
+        if unknown:
+            raise ValueError(f"generation: unknown option(s) {unknown}; valid: ['mauve', 'scorer']")
+        check_scorer_option(options.get("scorer"))
+
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
         from ..genfailures import generation_failure_tags  # noqa: PLC0415
         from ..metrics import repetition_rate  # noqa: PLC0415
@@ -67,17 +73,19 @@ class GenerationTask(SamplingTask):
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
         from ..metrics import failure_rates, generation_metrics  # noqa: PLC0415
 
-        ppl = _perplexities(records, ctx)
+        ppl = _nlls(records, ctx)
         rows = []
         for (ds, method, nfe), recs in group_records(records).items():
             row = base_row(ds, method, nfe, recs)
             texts = [r.get("text", "") if r.get("error") is None else "" for r in recs]
             row.update(generation_metrics(texts, mode=ctx.mode))
             if ppl is not None:
-                vals = [ppl[ppl_text(t)] for t in texts if t.strip() and ppl.get(ppl_text(t)) is not None]
-                # GenPPL = exp(mean over texts of log PPL) = exp(mean of per-text mean NLL), as the authors
-                row["genppl"] = math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
-                row["genppl_n"] = len(vals)
+                from ..scorers.genppl import gen_ppl  # noqa: PLC0415
+
+                vals = [ppl[ppl_text(t)] for t in texts if t.strip()]
+                # default: token-weighted exp(total NLL / tokens); authors: exp(mean of per-text mean NLL)
+                row["genppl"] = gen_ppl(vals, mode=ctx.mode)
+                row["genppl_n"] = sum(1 for _, n in vals if n > 0)
             tags = [(r.get("metrics") or {}).get("tags") or {} for r in recs if r.get("error") is None]
             if tags:
                 row.update({f"tag_{k}": v for k, v in failure_rates(tags).items() if k not in
@@ -117,24 +125,49 @@ def _counts(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _perplexities(records: list[dict[str, Any]], ctx: SummaryContext) -> dict[str, float] | None:
+def make_scorer(opts: Any, cache=None):
+    """The GenPPL scorer of the task option `scorer` ('smollm2' or {path, gguf_file, batch_size, max_length, device})."""
+    from ..scorers.genppl import CausalLMScorer  # noqa: PLC0415
+
+    if opts == "smollm2":
+        return CausalLMScorer.smollm2(cache_path=cache)
+    if isinstance(opts, dict) and "path" in opts:
+        return CausalLMScorer(opts["path"], gguf_file=opts.get("gguf_file"), device=opts.get("device", "cpu"),
+                              batch_size=int(opts.get("batch_size", 8)), max_length=int(opts.get("max_length", 1024)),
+                              cache_path=cache)
+    raise ValueError(f"generation option scorer={opts!r} is not valid; use 'smollm2' or {{path: FOLDER, gguf_file: ...}}")
+
+
+def check_scorer_option(opts: Any) -> None:
+    """Fail before the run when the scorer folder (or the SmolLM2 package) is missing."""
+    from ..scorers.genppl import ScorerError, smollm2_dir  # noqa: PLC0415
+
+    if opts is None:
+        return
+    if opts == "smollm2":
+        smollm2_dir()
+        return
+    if not isinstance(opts, dict) or "path" not in opts:
+        raise ValueError(f"generation option scorer={opts!r} is not valid; use 'smollm2' or {{path: FOLDER, gguf_file: ...}}")
+    folder = Path(opts["path"])
+    if not folder.is_dir():
+        raise ScorerError(f"GenPPL scorer folder {str(folder)!r} does not exist (a Hugging Face causal-LM folder, or one "
+                          f"holding the .gguf named by gguf_file)")
+    if opts.get("gguf_file") and not (folder / opts["gguf_file"]).is_file():
+        raise ScorerError(f"GenPPL scorer: {opts['gguf_file']!r} is not a file in {folder}")
+    if not opts.get("gguf_file") and not (folder / "config.json").is_file():
+        raise ScorerError(f"GenPPL scorer folder {folder} has no config.json: not a Hugging Face causal LM")
+
+
+def _nlls(records: list[dict[str, Any]], ctx: SummaryContext) -> dict[str, tuple[float, int]] | None:
+    """ppl_text -> (NLL sum, tokens) for every non-empty output, scored once each (cached across methods and runs)."""
     opts = ctx.task.options.get("scorer")
     if not opts:
         return None
-    from ..scorers.genppl import CausalLMScorer  # noqa: PLC0415
-
-    cache = ctx.run_dir / "genppl_cache.jsonl"
-    if opts == "smollm2":
-        scorer = CausalLMScorer.smollm2(cache_path=cache)
-    elif isinstance(opts, dict) and "path" in opts:
-        scorer = CausalLMScorer(opts["path"], gguf_file=opts.get("gguf_file"), device=opts.get("device", "cpu"),
-                                batch_size=int(opts.get("batch_size", 8)), max_length=int(opts.get("max_length", 1024)),
-                                cache_path=cache)
-    else:
-        raise ValueError(f"generation option scorer={opts!r} is not valid; use 'smollm2' or {{path: FOLDER, gguf_file: ...}}")
+    scorer = make_scorer(opts, ctx.run_dir / "genppl_cache.jsonl")
     texts = list(dict.fromkeys(ppl_text(r.get("text", "")) for r in records
                                if r.get("error") is None and r.get("text", "").strip()))
-    return dict(zip(texts, scorer.perplexities(texts))) if texts else {}
+    return dict(zip(texts, scorer.nll(texts))) if texts else {}
 
 
 def _mauve(recs: list[dict[str, Any]]) -> float | None:

@@ -9,6 +9,7 @@ Task options: `baseline` (method name for the delta buckets; default: the first 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from ..config import DatasetSpec
@@ -74,6 +75,22 @@ class SummarizationTask(SamplingTask):
             return GEN_LENGTH[infer_kind(ds, KINDS, self.name)]
         except ValueError:
             return 256
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        unknown = sorted(set(options) - {"baseline", "bertscore"})
+        if unknown:
+            raise ValueError(f"summarization: unknown option(s) {unknown}; valid: ['baseline', 'bertscore']")
+        b = options.get("bertscore")
+        if b is not None:
+            from ..scorers.bertscore import BERTScoreError, _check_folder, local_minilm_dir  # noqa: PLC0415
+
+            if not isinstance(b, dict):
+                raise ValueError(f"summarization option bertscore={b!r} must be {{model_dir: FOLDER|minilm, num_layers: N}}")
+            folder = local_minilm_dir() if b.get("model_dir") == "minilm" else Path(str(b.get("model_dir")))
+            try:
+                _check_folder(folder, int(b.get("num_layers", 6)))
+            except (TypeError, ValueError) as e:
+                raise BERTScoreError(f"summarization bertscore: {e}") from None
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
         from ..metrics import rouge_scores, summary_failure_tags  # noqa: PLC0415
@@ -184,7 +201,9 @@ def _bertscores(records: list[dict[str, Any]], opts: dict[str, Any] | None, ctx:
     todo = [r for r in records if r.get("error") is None and r.get("text", "").strip()]
     if not todo:
         return {}
-    scores = bertscore([r["text"] for r in todo], [r["info"]["reference"] for r in todo],
-                       model_dir=opts["model_dir"], num_layers=int(opts.get("num_layers", 6)),
+    from ..scorers.bertscore import local_minilm_dir  # noqa: PLC0415
+
+    folder = local_minilm_dir() if opts.get("model_dir") == "minilm" else opts["model_dir"]
+    scores = bertscore([r["text"] for r in todo], [r["info"]["reference"] for r in todo], model_dir=folder, num_layers=int(opts.get("num_layers", 6)),
                        batch_size=int(opts.get("batch_size", 16)))
     return {r["key"]: s for r, s in zip(todo, scores)}

