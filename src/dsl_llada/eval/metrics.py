@@ -435,7 +435,7 @@ def macro_fix_clean(results: Iterable[FixCleanResult]) -> dict[str, float | None
 
 
 def corrupt_random_tokens(
-    ids: Any, rate: float, rng: np.random.Generator, low: int, high: int
+    ids: Any, rate: float, rng: np.random.Generator, low: int, high: int, *, exclude: Iterable[int] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replace ``max(1, floor(n * rate))`` random positions by different random ids.
 
@@ -445,6 +445,8 @@ def corrupt_random_tokens(
     original id.  ``floor`` is taken of ``n * rate + 1e-9`` so that e.g.
     100 * 0.29 gives 29, not 28 (float round-off).  Returns
     ``(corrupted int64 array, positions int64 array)``; ``ids`` is not modified.
+    Ids in ``exclude`` (e.g. special tokens) are re-drawn too; without excluded
+    ids in range the draws are exactly those of the plain rule.
     """
     arr = _to_1d(ids, np.int64, "ids").copy()
     n = arr.size
@@ -459,13 +461,14 @@ def corrupt_random_tokens(
     if not high > low:
         raise ValueError(f"need low < high for the replacement range, got low={low}, high={high}")
     n_c = max(1, math.floor(n * rate_f + 1e-9))
+    bad = {int(x) for x in exclude}
     positions = np.sort(rng.choice(n, size=n_c, replace=False)).astype(np.int64)
     for pos in positions:
         orig = int(arr[pos])
-        if high - low == 1 and orig == low:
+        if not any(v != orig and v not in bad for v in range(low, min(high, low + len(bad) + 2))):
             raise ValueError(f"range [{low}, {high}) has no id different from {orig} at position {pos}")
         new = orig
-        while new == orig:
+        while new == orig or new in bad:
             new = int(rng.integers(low, high))
         arr[pos] = new
     return arr, positions
