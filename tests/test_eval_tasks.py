@@ -125,3 +125,33 @@ def test_reasoning_scores_both_modes(models, tmp_path):
         assert row["acc"] == row["acc_authors"] == 100.0 * sum(r["metrics"]["correct_authors"] for r in mine) / len(mine)
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "### gsm8k: accuracy % (authors scoring)" in md and "### math500" in md
+
+
+def test_correction_task(models, tmp_path):
+    from dsl_llada.eval import correction as C
+    from dsl_llada.generation import load_model, load_tokenizer
+
+    d = data_dir()
+    task = {"name": "correction", "options": {"rates": [0.1, 0.5], "paths": ["discrete", "converter"], "max_tokens": 40},
+            "datasets": [{"name": "wikitext", "path": str(d / "wikitext_texts_100.jsonl"), "limit": 4},
+                         {"name": "semantic", "path": str(d / "semantic_corruption_manual.jsonl"), "limit": 3}]}
+    methods = [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"}, {"name": "DSL-Remask", "model": "dsl",
+                                                                         "preset": "dsl-remask"}]
+    cfg = EvalConfig.from_dict(base_config(models, [task], methods=methods, batch_size=3))
+    run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    # the model appears once although two methods use it; 4 texts x 2 rates x 2 paths + 3 pairs x 2 paths
+    assert len(recs) == 4 * 2 * 2 + 3 * 2 and {r["method"] for r in recs} == {"dsl"}
+    assert {r["variant"] for r in recs if r["dataset"] == "wikitext"} == {"rate0.1/discrete", "rate0.5/discrete",
+                                                                          "rate0.1/converter", "rate0.5/converter"}
+    model, tok = load_model(models["dsl"]), load_tokenizer(models["dsl"])
+    texts = [json.loads(x)["text"] for x in (d / "wikitext_texts_100.jsonl").read_text().splitlines()[:4]]
+    direct = C.fix_clean_records(model, tok, texts, rate=0.5, path="converter", seed=42, max_tokens=40, batch_size=4)
+    got = [r["metrics"] for r in recs if r["variant"] == "rate0.5/converter"]
+    assert [g["fix"] for g in got] == [x["fix"] for x in direct]  # batches of 3 + 1 give the direct 4-batch values
+    assert [g["clean"] for g in got] == [x["clean"] for x in direct]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["correction"]
+    row = next(r for r in s["rows"] if r["variant"] == "rate0.5/converter")
+    agg = C.aggregate_fix_clean(direct)
+    assert row["fix"] == pytest.approx(100 * agg["fix"]) and row["clean"] == pytest.approx(100 * agg["clean"])
+    assert (tmp_path / "run" / "figures" / "correction_fix_clean.png").exists()

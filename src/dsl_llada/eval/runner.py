@@ -45,13 +45,20 @@ class Batch:
 
     task: str
     dataset: str
-    method: MethodSpec
+    method: MethodSpec | None
+    """The sampling method (None for one-forward tasks: correction, probes)."""
+    model: str
+    label: str
+    """The method slot of the keys: the method name, or the model name for one-forward tasks."""
     nfe: int
     seed: int
     gen_length: int
     choice: Any
     samples: list[Sample]
     keys: list[str] = field(default_factory=list)
+    variant: str = ""
+    """One-forward tasks: the variant label (e.g. 'rate0.3/discrete'); part of the key's dataset slot."""
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +85,9 @@ def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
         task.check_options(tspec.options)
         for ds in tspec.datasets:
             samples = task.samples(ds, tspec.options)
+            if not getattr(task, "sampling", True):
+                _plan_forward_task(cfg, tspec, task, ds, samples, ti, model_rank, groups, order)
+                continue
             L = task.gen_length(ds)
             for method in cfg.task_methods(tspec):
                 tok = tokenizers[method.model]
@@ -95,11 +105,30 @@ def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
                                                                              by_key[k].id)]), by_key[k].index))
                         for b in range(0, len(ranked), cfg.batch_size):
                             chunk = ranked[b:b + cfg.batch_size]
-                            groups.append((model_rank[method.model], ti, Batch(tspec.name, ds.name, method, nfe, seed, L,
-                                                                              choice, [by_key[k] for k in chunk], chunk)))
+                            groups.append((model_rank[method.model], ti, Batch(
+                                tspec.name, ds.name, method, method.model, method.name, nfe, seed, L, choice,
+                                [by_key[k] for k in chunk], chunk)))
     # one model at a time: batches of the same model run together (stable within a model)
     groups.sort(key=lambda g: g[0])
     return Plan([g[2] for g in groups], order, prompt_ids)
+
+
+def _plan_forward_task(cfg: EvalConfig, tspec, task, ds, samples: list[Sample], ti: int, model_rank: dict[str, int],
+                       groups: list, order: list[str]) -> None:
+    """Items of a one-forward task: per model (those of the task's methods, each once) x variant x seed x text."""
+    models = list(dict.fromkeys(m.model for m in cfg.task_methods(tspec) if cfg.model(m.model).kind == "diffusion"))
+    if not models:
+        raise ConfigError(f"task {tspec.name!r} needs a diffusion model; its methods use only causal LMs")
+    for model in models:
+        for label, params in task.variants(ds, tspec.options, cfg.model(model)):
+            dslot = f"{ds.name}/{label}"
+            for seed in cfg.seeds:
+                keys = [item_key(tspec.name, dslot, model, 0, seed, s.id) for s in samples]
+                order += keys
+                for b in range(0, len(samples), cfg.batch_size):
+                    groups.append((model_rank[model], ti, Batch(tspec.name, ds.name, None, model, model, 0, seed, 0, None,
+                                                                samples[b:b + cfg.batch_size], keys[b:b + cfg.batch_size],
+                                                                label, params)))
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:
@@ -246,13 +275,13 @@ def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: b
     checked: set[str] = set()
     bar = progress_bar(batches, total=len(batches), desc="eval batches", enabled=progress)
     for b in bar:
-        name = b.method.model
+        name = b.model
         if current is None or current.spec.name != name:
             current = None
             gc.collect()
             logger.info("loading model %r on %s", name, device)
             current = M.load(cfg.model(name), device)
-        if b.method.name not in checked:
+        if b.method is not None and b.method.name not in checked:
             M.check_method(current, b.method)
             checked.add(b.method.name)
         yield b, current
@@ -263,7 +292,9 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, An
     from . import models as M  # noqa: PLC0415
 
     task = get_task(b.task)
-    ids = [plan.prompt_ids[(b.task, b.dataset, b.method.model, s.id)] for s in b.samples]
+    if b.method is None:
+        return _run_forward(b, loaded, task, cfg)
+    ids = [plan.prompt_ids[(b.task, b.dataset, b.model, s.id)] for s in b.samples]
     seeds = [b.seed + s.index for s in b.samples]
     t0 = time.perf_counter()
     try:
@@ -292,10 +323,35 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, An
                 metrics = task.item_metrics(s.info, text, cfg.scoring_mode)
             except Exception as e:  # noqa: BLE001
                 error = f"metrics: {type(e).__name__}: {e}"
-        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.method.name,
-                     "model": b.method.model, "nfe": b.nfe, "seed": b.seed, "sample_id": s.id, "index": s.index,
+        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe, "seed": b.seed, "sample_id": s.id, "index": s.index,
                      "gen_length": b.gen_length, "prompt_tokens": len(p_ids), "text": text, "ids": resp,
                      "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
                      "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
                      "info": s.info})
     return recs
+
+
+def _run_forward(b: Batch, loaded, task, cfg: EvalConfig) -> list[dict[str, Any]]:
+    """One-forward tasks: the task scores the batch; a raising batch is retried row by row."""
+    t0 = time.perf_counter()
+    try:
+        outs = task.run_batch(loaded, b.samples, b.params, b.seed, cfg.scoring_mode)
+        dt = time.perf_counter() - t0
+        timed = [(m, e, dt / len(b.samples), dt, len(b.samples)) for m, e in outs]
+    except Exception as e:  # noqa: BLE001
+        logger.warning("batch of %d (%s, %s/%s) raised %s; running its rows one by one", len(b.samples), b.task,
+                       b.dataset, b.variant, e)
+        timed = []
+        for s in b.samples:
+            t1 = time.perf_counter()
+            try:
+                (m, err), = task.run_batch(loaded, [s], b.params, b.seed, cfg.scoring_mode)
+            except Exception as e1:  # noqa: BLE001
+                m, err = None, f"{type(e1).__name__}: {e1}"
+            d = time.perf_counter() - t1
+            timed.append((m, err, d, d, 1))
+    return [{"key": key, "task": b.task, "dataset": b.dataset, "variant": b.variant, "method": b.label, "model": b.model,
+             "nfe": 0, "seed": b.seed, "sample_id": s.id, "index": s.index, "params": b.params, "text": "", "ids": None,
+             "n_tokens": None, "forward_passes": None if err else 1, "seconds": sec, "batch_seconds": bsec,
+             "batch_size": bsz, "error": err, "metrics": m, "info": s.info}
+            for s, key, (m, err, sec, bsec, bsz) in zip(b.samples, b.keys, timed)]
