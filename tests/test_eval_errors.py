@@ -105,3 +105,23 @@ def test_cli_help_and_error_exit(models, tmp_path, capsys):
     assert main(["eval", "report", str(tmp_path / "nothing")]) == 2
     assert "is not a `dsl-llada eval run` folder" in capsys.readouterr().err
     assert load_eval_config(cfg).nfe == (4,)
+
+
+def test_every_preset_is_valid():
+    """Each shipped preset parses, and every (method, NFE, dataset length) it asks for is one the method can take."""
+    from dsl_llada.eval.methods import sampler_for
+    from dsl_llada.eval.tasks import get_task
+
+    presets = sorted((Path(__file__).resolve().parents[1] / "configs" / "eval").glob("*.yaml"))
+    assert len(presets) >= 9
+    for p in presets:
+        cfg = load_eval_config(p)
+        for t in cfg.tasks:
+            task = get_task(t.name)
+            task.check_options({k: v for k, v in t.options.items() if k not in ("scorer", "bertscore")})
+            if not getattr(task, "sampling", True):
+                continue
+            for ds in t.datasets:
+                for m in cfg.task_methods(t):
+                    for n in cfg.method_nfes(m):
+                        sampler_for(m, n, task.gen_length(ds))
