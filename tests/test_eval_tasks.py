@@ -155,3 +155,31 @@ def test_correction_task(models, tmp_path):
     agg = C.aggregate_fix_clean(direct)
     assert row["fix"] == pytest.approx(100 * agg["fix"]) and row["clean"] == pytest.approx(100 * agg["clean"])
     assert (tmp_path / "run" / "figures" / "correction_fix_clean.png").exists()
+
+
+def test_probes_task(models, tmp_path):
+    from dsl_llada.eval import probes as P
+    from dsl_llada.generation import load_model, load_tokenizer
+
+    d = data_dir()
+    task = {"name": "probes", "options": {"mask_rates": [0.3, 0.7], "corrupt_pcts": [0, 50], "max_tokens": 40},
+            "datasets": [{"name": "wikitext", "path": str(d / "wikitext_texts_100.jsonl"), "limit": 5}]}
+    cfg = EvalConfig.from_dict(base_config(models, [task], methods=[{"name": "LLaDA", "model": "llada", "preset": "llada"}],
+                                           batch_size=2))
+    run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    assert len(recs) == 5 * 3 and {r["variant"] for r in recs} == {"mask0.3/discrete", "mask0.7/discrete", "context/discrete"}
+    model, tok = load_model(models["llada"]), load_tokenizer(models["llada"])
+    texts = [json.loads(x)["text"] for x in (d / "wikitext_texts_100.jsonl").read_text().splitlines()[:5]]
+    direct = P.mask_calibration_records(model, tok, texts, mask_rate=0.7, seed=42, max_tokens=40, batch_size=5)
+    expect = P.calibration_summary(direct)
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["probes"]
+    row = next(r for r in s["rows"] if r["variant"] == "mask0.7/discrete")
+    assert row["accuracy"] == pytest.approx(100 * expect["accuracy"]) and row["ece"] == pytest.approx(expect["ece"])
+    assert row["n_tokens"] == sum(len(r["positions"]) for r in direct)
+    ctx_direct = P.context_robustness_summary(P.context_robustness_records(model, tok, texts, corrupt_pcts=[0, 50], seed=42,
+                                                                           max_tokens=40, batch_size=5))
+    row = next(r for r in s["rows"] if r["variant"] == "context/discrete")
+    assert [row["accuracy_by_corruption"][str(c["corrupt_pct"])] for c in ctx_direct] == \
+        pytest.approx([100 * c["accuracy"] for c in ctx_direct])
+    assert any(f.startswith("figures/reliability_wikitext_mask0.7") for f in s["figures"])
