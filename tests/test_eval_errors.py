@@ -125,3 +125,70 @@ def test_every_preset_is_valid():
                 for m in cfg.task_methods(t):
                     for n in cfg.method_nfes(m):
                         sampler_for(m, n, task.gen_length(ds))
+
+
+def test_scorer_folders_are_checked_before_the_run(models, tmp_path):
+    from dsl_llada.eval.scorers.bertscore import BERTScoreError
+    from dsl_llada.eval.scorers.genppl import ScorerError
+
+    gen = task(data_dir() / "prompts_200.jsonl", limit=2)
+    gen["options"] = {"scorer": {"path": str(tmp_path / "no-gpt2")}}
+    with pytest.raises(ScorerError, match="no-gpt2' does not exist"):
+        run_eval(EvalConfig.from_dict(base_config(models, [gen])), tmp_path / "r1", progress=False)
+    gen["options"] = {"scorer": {"path": str(models["tok"])}}  # a folder, but no causal LM in it
+    with pytest.raises(ScorerError, match="has no config.json: not a Hugging Face causal LM"):
+        run_eval(EvalConfig.from_dict(base_config(models, [gen])), tmp_path / "r2", progress=False)
+    summ = {"name": "summarization", "options": {"bertscore": {"model_dir": str(tmp_path / "no-roberta"), "num_layers": 17}},
+            "datasets": [{"name": "xsum", "path": str(data_dir() / "summ_xsum.jsonl"), "limit": 2}]}
+    with pytest.raises(BERTScoreError, match="no-roberta does not exist"):
+        run_eval(EvalConfig.from_dict(base_config(models, [summ])), tmp_path / "r3", progress=False)
+    assert not any((tmp_path / r).exists() for r in ("r1", "r2", "r3"))
+
+
+def test_tokenizer_without_the_mask_id(models, tmp_path):
+    import shutil
+
+    from transformers import PreTrainedTokenizerFast
+
+    small = tmp_path / "small-tok"
+    tok = PreTrainedTokenizerFast.from_pretrained(str(models["tok"]))
+    shutil.copytree(models["llada"], tmp_path / "model")
+    cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    cfg["mask_token_id"] = len(tok) + 5  # an id the tokenizer (and the embedding) does not have
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
+    tok.save_pretrained(small)
+    d = base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=2)],
+                    methods=[{"name": "LLaDA", "model": "llada", "preset": "llada"}])
+    d["models"][1] = {"name": "llada", "path": str(tmp_path / "model"), "tokenizer": str(small)}
+    with pytest.raises(ValueError, match=r"mask"):
+        run_eval(EvalConfig.from_dict(d), tmp_path / "run", progress=False)
+
+
+def test_disk_full_keeps_earlier_records(tmp_path):
+    """A write that fails half-way (ENOSPC) leaves the shard ending on the last complete record."""
+    import errno
+
+    from dsl_llada.eval.records import ShardWriter, iter_lines
+
+    w = ShardWriter(tmp_path / "rank-0.jsonl")
+    w.write_many([{"key": "a", "v": 1}, {"key": "b", "v": 2}])
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, buf):
+            self.f.write(buf[: len(buf) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    w.f = Full(w.f)
+    with pytest.raises(OSError, match="No space left"):
+        w.write_many([{"key": "c", "v": 3}, {"key": "d", "v": 4}])
+    w.write_many([{"key": "e", "v": 5}])
+    w.close()
+    assert [r["key"] for r in iter_lines(tmp_path / "rank-0.jsonl")] == ["a", "b", "e"]
+    assert (tmp_path / "rank-0.jsonl").read_bytes().endswith(b"\n")

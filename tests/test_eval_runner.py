@@ -51,6 +51,11 @@ def test_generation_records(models, tmp_path):
     assert {(r["method"], r["nfe"], r["n"]) for r in rows} == {("DSL-SDE", 4, 5), ("LLaDA", 4, 5)}
     assert s["config"] == cfg.to_dict()
     assert "| method | nfe 4 |" in (tmp_path / "run" / "summary.md").read_text()
+    from PIL import Image
+
+    png = Image.open(tmp_path / "run" / s["tasks"]["generation"]["figures"][0])
+    stamp = json.loads(png.info["dsl-llada"])  # every figure carries the config and the version
+    assert stamp["config"] == cfg.to_dict() and stamp["version"] == s["version"]
 
 
 def test_batching_does_not_change_records(models, tmp_path):

@@ -78,15 +78,17 @@ class ShardWriter:
         buf = b"".join(json.dumps(r, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n" for r in records)
         if not buf:
             return
+        start = self.f.tell()
         try:
             self.f.write(buf)
             self.f.flush()
             os.fsync(self.f.fileno())
         except OSError:
-            # disk full (or similar): drop whatever part of this batch reached the file so the shard ends on a
-            # record boundary again, then re-raise; earlier records stay valid
+            # disk full (or similar): cut the file back to where this batch began, so the shard ends on a record
+            # boundary and holds none of the batch (all or nothing); earlier records stay valid; then re-raise
             self.f.close()
-            self._cut_partial_tail()
+            with open(self.path, "rb+") as f:
+                f.truncate(start)
             self.f = open(self.path, "ab")
             raise
 
