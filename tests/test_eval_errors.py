@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from eval_fixtures import base_config, data_dir, make_models
 
 from dsl_llada.cli import main

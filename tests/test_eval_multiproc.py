@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from eval_fixtures import base_config, data_dir, make_models
 
 from dsl_llada.eval.config import EvalConfig

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from eval_fixtures import base_config, data_dir, make_causal_lm, make_models
 
 from dsl_llada.eval.config import EvalConfig

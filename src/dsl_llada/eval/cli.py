@@ -53,8 +53,8 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_eval_run(a: argparse.Namespace) -> int:
-    from .config import load_eval_config  # noqa: PLC0415
-    from .runner import run_eval  # noqa: PLC0415
+    from .config import load_eval_config
+    from .runner import run_eval
 
     cfg = load_eval_config(a.config, a.overrides)
     if a.print_config:
@@ -72,7 +72,7 @@ def cmd_eval_run(a: argparse.Namespace) -> int:
 
 
 def cmd_eval_report(a: argparse.Namespace) -> int:
-    from .summary import write_report  # noqa: PLC0415
+    from .summary import write_report
 
     s = write_report(a.run_dir, mode=a.mode)
     print(json.dumps({"summary": str(Path(a.run_dir) / "summary.md"), "records": s["n_records"], "errors": s["n_errors"],

@@ -61,7 +61,7 @@ class ModelSpec(ConfigBase):
         _check(self.kind in MODEL_KINDS, f"model {self.name!r}: kind={self.kind!r} is not valid; expected one of {list(MODEL_KINDS)}")
         _check(self.gguf_file is None or self.kind == "causal-lm", f"model {self.name!r}: gguf_file needs kind 'causal-lm'")
         if self.dtype is not None:
-            from ..generation import DTYPES  # noqa: PLC0415
+            from ..generation import DTYPES
 
             _check(self.dtype in DTYPES, f"model {self.name!r}: dtype={self.dtype!r} is not valid; expected one of {sorted(DTYPES)}")
 
@@ -214,7 +214,7 @@ class EvalConfig(ConfigBase):
         return json.loads(json.dumps(out))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvalConfig":
+    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
         _check(isinstance(data, dict), f"an evaluation config must be a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -287,7 +287,7 @@ def _parse_value(text: str) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         pass
-    import yaml  # noqa: PLC0415
+    import yaml
 
     try:
         v = yaml.safe_load(text)
@@ -344,7 +344,7 @@ def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, 
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{p} is not valid JSON: {e}") from None
         else:
-            import yaml  # noqa: PLC0415
+            import yaml
 
             try:
                 data = yaml.safe_load(text) or {}

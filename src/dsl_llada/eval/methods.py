@@ -47,7 +47,7 @@ def _check_options(method: MethodSpec, cls: type, extra: tuple[str, ...] = ()) -
 def sampler_for(method: MethodSpec, nfe: int, gen_length: int):
     """The SamplerChoice (or, for 'ar', a dict of generate() settings) that runs `method` at `nfe` on responses of
     `gen_length` tokens. Raises ConfigError naming the method and the NFE values it can take."""
-    from ..generation import SamplerChoice  # noqa: PLC0415
+    from ..generation import SamplerChoice
 
     p = method.preset
     if p == "ar":
@@ -57,7 +57,7 @@ def sampler_for(method: MethodSpec, nfe: int, gen_length: int):
         return {"max_new_tokens": gen_length, **method.options}
     if p == "dsl-sde":
         _check_options(method, SDEConfig)
-        if "block_length" in method.options and method.options["block_length"]:
+        if method.options.get("block_length"):
             raise ConfigError(f"method {method.name!r}: use preset 'block-sde' for block_length > 0")
         if nfe < 2 or nfe % 2:
             raise ConfigError(f"method {method.name!r} (dsl-sde) cannot take NFE {nfe}: the Heun sampler spends two model "

@@ -31,7 +31,7 @@ class Loaded:
 
 
 def resolve_dtype(spec: ModelSpec, device: str) -> torch.dtype:
-    from ..generation import parse_dtype  # noqa: PLC0415
+    from ..generation import parse_dtype
 
     return parse_dtype(spec.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
 
@@ -42,13 +42,13 @@ def load_tokenizer_for(spec: ModelSpec):
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model {spec.name!r}: tokenizer folder {path!r} does not exist")
     if spec.kind == "causal-lm" and spec.gguf_file and spec.tokenizer is None:
-        from transformers import AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoTokenizer
 
         try:
             return AutoTokenizer.from_pretrained(path, gguf_file=spec.gguf_file, local_files_only=True)
         except (OSError, ValueError) as e:
             raise ConfigError(f"model {spec.name!r}: could not read a tokenizer from {path}/{spec.gguf_file}: {e}") from None
-    from ..generation import load_tokenizer  # noqa: PLC0415
+    from ..generation import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -60,7 +60,7 @@ def load(spec: ModelSpec, device: str) -> Loaded:
     dtype = resolve_dtype(spec, device)
     tok = load_tokenizer_for(spec)
     if spec.kind == "causal-lm":
-        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM
 
         kw = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
         try:
@@ -72,7 +72,7 @@ def load(spec: ModelSpec, device: str) -> Loaded:
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return Loaded(spec, model, tok, torch.device(device))
-    from ..generation import load_model  # noqa: PLC0415
+    from ..generation import load_model
 
     model = load_model(spec.path, dtype=dtype, device=device)
     return Loaded(spec, model, tok, torch.device(device))
@@ -80,8 +80,8 @@ def load(spec: ModelSpec, device: str) -> Loaded:
 
 def check_method(loaded: Loaded, method: MethodSpec) -> None:
     """One clear error when a method cannot run on this model/tokenizer."""
-    from ..model import DSLModel  # noqa: PLC0415
-    from .methods import needs_dsl  # noqa: PLC0415
+    from ..model import DSLModel
+    from .methods import needs_dsl
 
     if needs_dsl(method) and not isinstance(loaded.model, DSLModel):
         raise ConfigError(f"method {method.name!r} ({method.preset}) needs a DSL checkpoint (noise embedding + converter), "
@@ -99,7 +99,7 @@ def check_method(loaded: Loaded, method: MethodSpec) -> None:
 
 def encode(loaded: Loaded, prompt: str, chat: bool) -> list[int]:
     """Prompt ids as the model sees them (chat template as one user turn, or raw)."""
-    from ..generation import encode_prompt  # noqa: PLC0415
+    from ..generation import encode_prompt
 
     return encode_prompt(loaded.tokenizer, prompt, chat_template=chat)
 
@@ -118,8 +118,8 @@ def run_batch(loaded: Loaded, method: MethodSpec, choice: Any, prompt_ids: Seque
     """Run one batch. Row i uses a CPU generator seeded `seeds[i]` (results do not depend on the batch)."""
     if method.preset == "ar":
         return _run_ar(loaded, choice, prompt_ids)
-    from ..generation import run_sampler  # noqa: PLC0415
-    from ..sampling.common import PromptBatch  # noqa: PLC0415
+    from ..generation import run_sampler
+    from ..sampling.common import PromptBatch
 
     batch = PromptBatch.from_lists(prompt_ids, pad_id=loaded.model.special.pad_id, device=loaded.device)
     gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]

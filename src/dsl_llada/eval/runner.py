@@ -24,7 +24,8 @@ from typing import Any
 
 from .. import __version__
 from ..config import ConfigError
-from ..utils import atomic_write_text, progress as progress_bar
+from ..utils import atomic_write_text
+from ..utils import progress as progress_bar
 from . import records as R
 from .config import EvalConfig, MethodSpec, config_diff
 from .data import Sample
@@ -74,7 +75,7 @@ class Plan:
 def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
     """Read every dataset, validate every (method, NFE, length) and lay out the batches. Raises before any model
     is loaded when data or settings are bad."""
-    from .methods import sampler_for  # noqa: PLC0415
+    from .methods import sampler_for
 
     groups: list[tuple[int, int, Batch]] = []
     order: list[str] = []
@@ -132,7 +133,7 @@ def _plan_forward_task(cfg: EvalConfig, tspec, task, ds, samples: list[Sample], 
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:
-    from ..generation import encode_prompt  # noqa: PLC0415
+    from ..generation import encode_prompt
 
     return encode_prompt(tok, text, chat_template=chat)
 
@@ -201,8 +202,8 @@ class RunResult:
 
 def _state():
     """accelerate's process state (one process without a launcher; gloo on CPU, NCCL on GPUs under one)."""
-    import torch  # noqa: PLC0415
-    from accelerate import PartialState  # noqa: PLC0415
+    import torch
+    from accelerate import PartialState
 
     return PartialState(cpu=not torch.cuda.is_available())
 
@@ -210,7 +211,7 @@ def _state():
 def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, new_run: bool = False,
              progress: bool = True, report: bool = True) -> RunResult:
     """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`."""
-    from . import models as M  # noqa: PLC0415
+    from . import models as M
 
     run_dir = Path(run_dir)
     state = _state()
@@ -252,7 +253,7 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
             raise RuntimeError(f"{missing} work items have no record after the run (a rank died?); run the same command "
                                f"again to finish them")
         if report:
-            from .summary import write_report  # noqa: PLC0415
+            from .summary import write_report
 
             write_report(run_dir)
     state.wait_for_everyone()
@@ -269,7 +270,7 @@ def _device(cfg: EvalConfig, state) -> str:
 
 def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: bool) -> Iterator[tuple[Batch, Any]]:
     """Yield (batch, loaded model), loading each model once (batches arrive grouped by model)."""
-    from . import models as M  # noqa: PLC0415
+    from . import models as M
 
     current = None
     checked: set[str] = set()
@@ -289,7 +290,7 @@ def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: b
 
 def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, Any]]:
     """Run one batch whole; when the batch raises, run its rows one by one and record each row's error."""
-    from . import models as M  # noqa: PLC0415
+    from . import models as M
 
     task = get_task(b.task)
     if b.method is None:

@@ -61,7 +61,7 @@ def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, A
 
 def _stamp_figures(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write the config + version into every PNG's metadata (tEXt chunk 'dsl-llada'), atomically."""
-    from PIL import Image, PngImagePlugin  # noqa: PLC0415
+    from PIL import Image, PngImagePlugin
 
     text = json.dumps({"version": summary["version"], "config": summary["config"]}, sort_keys=True)
     for t in summary["tasks"].values():

@@ -8,23 +8,23 @@ from .base import SamplingTask, SummaryContext, TaskSummary
 def get_task(name: str):
     """The task implementing `name` (one of dsl_llada.eval.config.TASK_NAMES)."""
     if name == "generation":
-        from .generation import GenerationTask  # noqa: PLC0415
+        from .generation import GenerationTask
 
         return GenerationTask()
     if name == "summarization":
-        from .summarization import SummarizationTask  # noqa: PLC0415
+        from .summarization import SummarizationTask
 
         return SummarizationTask()
     if name == "reasoning":
-        from .reasoning import ReasoningTask  # noqa: PLC0415
+        from .reasoning import ReasoningTask
 
         return ReasoningTask()
     if name == "correction":
-        from .correction import CorrectionTask  # noqa: PLC0415
+        from .correction import CorrectionTask
 
         return CorrectionTask()
     if name == "probes":
-        from .probes import ProbesTask  # noqa: PLC0415
+        from .probes import ProbesTask
 
         return ProbesTask()
     raise ValueError(f"task {name!r} is not valid; expected one of generation, summarization, reasoning, correction, probes")

@@ -20,7 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DatasetSpec, ModelSpec
-from ..data import DataError, Sample, check_usable, infer_kind, pick_field, read_rows, row_id, sliced
+from ..data import (
+    DataError,
+    Sample,
+    check_usable,
+    infer_kind,
+    pick_field,
+    read_rows,
+    row_id,
+    sliced,
+)
 from .base import SummaryContext, TaskSummary
 
 KINDS = {"semantic": ("semantic",), "benchmark": ("benchmark",), "noisy-edit": ("noisy", "edit"),
@@ -88,7 +97,7 @@ class CorrectionTask:
         return out
 
     def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int, mode: str) -> list[tuple[dict[str, Any] | None, str | None]]:
-        from .. import correction as C  # noqa: PLC0415
+        from .. import correction as C
 
         model, tok = loaded.model, loaded.tokenizer
         kind, path, gamma = params["kind"], params["path"], params["gamma"]
@@ -120,7 +129,7 @@ class CorrectionTask:
         return out
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from ..correction import aggregate_fix_clean  # noqa: PLC0415
+        from ..correction import aggregate_fix_clean
 
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for r in records:
@@ -152,10 +161,10 @@ class CorrectionTask:
 
 def _plot_fix_clean(rows: list[dict[str, Any]], ctx: SummaryContext) -> str:
     """Fix and Clean vs corruption rate, one line per (model, path)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     series: dict[str, list[tuple[float, float, float]]] = {}

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DatasetSpec
-from ..data import Sample, check_usable, infer_kind, pick_field, read_rows, row_id, sliced
+from ..data import (
+    Sample,
+    check_usable,
+    infer_kind,
+    pick_field,
+    read_rows,
+    row_id,
+    sliced,
+)
 from ..report import pivot
 from .base import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
 
@@ -65,13 +73,13 @@ class GenerationTask(SamplingTask):
         check_scorer_option(options.get("scorer"))
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
-        from ..genfailures import generation_failure_tags  # noqa: PLC0415
-        from ..metrics import repetition_rate  # noqa: PLC0415
+        from ..genfailures import generation_failure_tags
+        from ..metrics import repetition_rate
 
         return {"words": len(text.split()), "rep": repetition_rate(text), "tags": generation_failure_tags(text)}
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from ..metrics import failure_rates, generation_metrics  # noqa: PLC0415
+        from ..metrics import failure_rates, generation_metrics
 
         ppl = _nlls(records, ctx)
         rows = []
@@ -80,7 +88,7 @@ class GenerationTask(SamplingTask):
             texts = [r.get("text", "") if r.get("error") is None else "" for r in recs]
             row.update(generation_metrics(texts, mode=ctx.mode))
             if ppl is not None:
-                from ..scorers.genppl import gen_ppl  # noqa: PLC0415
+                from ..scorers.genppl import gen_ppl
 
                 vals = [ppl[ppl_text(t)] for t in texts if t.strip()]
                 # default: token-weighted exp(total NLL / tokens); authors: exp(mean of per-text mean NLL)
@@ -105,7 +113,7 @@ class GenerationTask(SamplingTask):
                    "Len (words):", "", pivot(sub, "len", spec=".1f"), "", _counts(sub), ""]
             curve = [dict(r, ppl=r.get("genppl")) for r in sub if r["nfe"] > 0]
             if curve:
-                from ..report import plot_nfe_curves  # noqa: PLC0415
+                from ..report import plot_nfe_curves
 
                 panels = ((("ppl", "GenPPL (lower is better)"),) if ppl is not None else ()) + \
                     (("d2", "D2 (higher = more diverse)"), ("rep", "Rep (lower = less repetitive)"))
@@ -127,7 +135,7 @@ def _counts(rows: list[dict[str, Any]]) -> str:
 
 def make_scorer(opts: Any, cache=None):
     """The GenPPL scorer of the task option `scorer` ('smollm2' or {path, gguf_file, batch_size, max_length, device})."""
-    from ..scorers.genppl import CausalLMScorer  # noqa: PLC0415
+    from ..scorers.genppl import CausalLMScorer
 
     if opts == "smollm2":
         return CausalLMScorer.smollm2(cache_path=cache)
@@ -140,7 +148,7 @@ def make_scorer(opts: Any, cache=None):
 
 def check_scorer_option(opts: Any) -> None:
     """Fail before the run when the scorer folder (or the SmolLM2 package) is missing."""
-    from ..scorers.genppl import ScorerError, smollm2_dir  # noqa: PLC0415
+    from ..scorers.genppl import ScorerError, smollm2_dir
 
     if opts is None:
         return
@@ -173,7 +181,7 @@ def _nlls(records: list[dict[str, Any]], ctx: SummaryContext) -> dict[str, tuple
 def _mauve(recs: list[dict[str, Any]]) -> float | None:
     """MAUVE of the continuations against the references (None when mauve-text is missing or < 10 texts)."""
     try:
-        import mauve  # noqa: PLC0415
+        import mauve
     except ImportError:
         return None
     pairs = [(r["info"]["reference"], r["text"]) for r in recs

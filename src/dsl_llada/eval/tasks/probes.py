@@ -61,7 +61,7 @@ class ProbesTask:
 
     def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int, mode: str
                   ) -> list[tuple[dict[str, Any] | None, str | None]]:
-        from .. import probes as P  # noqa: PLC0415
+        from .. import probes as P
 
         texts = [s.info.get("tokens") or s.info["text"] for s in samples]
         ids = [s.index for s in samples]
@@ -83,7 +83,7 @@ class ProbesTask:
         return [(by.get(s.index, {"skipped": True}), None) for s in samples]
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from .. import probes as P  # noqa: PLC0415
+        from .. import probes as P
 
         bins = int(ctx.task.options.get("bins", 15))
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}

@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DatasetSpec
-from ..data import Sample, check_usable, infer_kind, pick_field, read_rows, row_id, sliced
+from ..data import (
+    Sample,
+    check_usable,
+    infer_kind,
+    pick_field,
+    read_rows,
+    row_id,
+    sliced,
+)
 from ..report import pivot
 from .base import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
 
@@ -40,7 +48,7 @@ class ReasoningTask(SamplingTask):
                 continue
             gold = str(gold)
             if kind == "math" and gf == "solution":
-                from ..answers import extract_math_gold  # noqa: PLC0415
+                from ..answers import extract_math_gold
 
                 gold = extract_math_gold(gold) or ""
             out.append(Sample(row_id(ds, row, i, idf), i, template.replace("{text}", q), True,
@@ -51,7 +59,7 @@ class ReasoningTask(SamplingTask):
         return ds.gen_length or 256
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
-        from .. import answers  # noqa: PLC0415
+        from .. import answers
 
         if info["kind"] == "gsm8k":
             return {"pred": answers.extract_gsm8k(text, "default"), "pred_authors": answers.extract_gsm8k(text, "authors"),

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DatasetSpec
-from ..data import Sample, check_usable, infer_kind, pick_field, read_rows, row_id, sliced
+from ..data import (
+    Sample,
+    check_usable,
+    infer_kind,
+    pick_field,
+    read_rows,
+    row_id,
+    sliced,
+)
 from ..report import pivot
 from .base import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
 
@@ -82,7 +90,11 @@ class SummarizationTask(SamplingTask):
             raise ValueError(f"summarization: unknown option(s) {unknown}; valid: ['baseline', 'bertscore']")
         b = options.get("bertscore")
         if b is not None:
-            from ..scorers.bertscore import BERTScoreError, _check_folder, local_minilm_dir  # noqa: PLC0415
+            from ..scorers.bertscore import (
+                BERTScoreError,
+                _check_folder,
+                local_minilm_dir,
+            )
 
             if not isinstance(b, dict):
                 raise ValueError(f"summarization option bertscore={b!r} must be {{model_dir: FOLDER|minilm, num_layers: N}}")
@@ -93,7 +105,7 @@ class SummarizationTask(SamplingTask):
                 raise BERTScoreError(f"summarization bertscore: {e}") from None
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
-        from ..metrics import rouge_scores, summary_failure_tags  # noqa: PLC0415
+        from ..metrics import rouge_scores, summary_failure_tags
 
         ref = info["reference"]
         m: dict[str, Any] = dict(rouge_scores(ref, text))
@@ -103,7 +115,7 @@ class SummarizationTask(SamplingTask):
         return m
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from ..metrics import failure_rates, rouge_aggregate  # noqa: PLC0415
+        from ..metrics import failure_rates, rouge_aggregate
 
         groups = group_records(records)
         bert = _bertscores(records, ctx.task.options.get("bertscore"), ctx)
@@ -138,7 +150,7 @@ class SummarizationTask(SamplingTask):
                 md += [f"ROUGE-1 delta buckets vs {baseline} (% of common samples):", "", _bucket_table(buckets[ds]), ""]
         figs = []
         if rows:
-            from ..report import plot_nfe_curves  # noqa: PLC0415
+            from ..report import plot_nfe_curves
 
             for ds in dict.fromkeys(r["dataset"] for r in rows):
                 sub = [r for r in rows if r["dataset"] == ds and r["nfe"] > 0]
@@ -196,12 +208,12 @@ def _bertscores(records: list[dict[str, Any]], opts: dict[str, Any] | None, ctx:
     """key -> (P, R, F1) for non-empty outputs, or None when BERTScore is not configured."""
     if not opts:
         return None
-    from ..scorers.bertscore import bertscore  # noqa: PLC0415
+    from ..scorers.bertscore import bertscore
 
     todo = [r for r in records if r.get("error") is None and r.get("text", "").strip()]
     if not todo:
         return {}
-    from ..scorers.bertscore import local_minilm_dir  # noqa: PLC0415
+    from ..scorers.bertscore import local_minilm_dir
 
     folder = local_minilm_dir() if opts.get("model_dir") == "minilm" else opts["model_dir"]
     scores = bertscore([r["text"] for r in todo], [r["info"]["reference"] for r in todo], model_dir=folder, num_layers=int(opts.get("num_layers", 6)),
