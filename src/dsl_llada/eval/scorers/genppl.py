@@ -63,6 +63,8 @@ class CausalLMScorer:
 
     ``path``: a Hugging Face causal-LM folder (safetensors weights) or, with ``gguf_file``, the folder holding
     that GGUF file. ``cache_path``: an optional JSONL file (created if absent, appended to as texts are scored).
+    ``model`` / ``tokenizer``: an already-loaded causal LM and its tokenizer (then ``path`` only labels the cache
+    fingerprint and nothing is read from disk).
     """
 
     def __init__(self, path: str | os.PathLike, *, gguf_file: str | None = None, device: str = "cpu",
