@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import V, tiny_backbone, tiny_dsl, perturb_converter
+from helpers import V, perturb_converter, tiny_backbone, tiny_dsl
 
 from dsl_llada.eval import correction as C
 
@@ -154,8 +154,9 @@ def _data() -> Path | None:
 
 @pytest.fixture(scope="module")
 def wordpiece():
-    from dsl_llada.eval.scorers.bertscore import BERTScoreError, local_minilm_dir
     from transformers import AutoTokenizer
+
+    from dsl_llada.eval.scorers.bertscore import BERTScoreError, local_minilm_dir
 
     try:
         return AutoTokenizer.from_pretrained(local_minilm_dir())

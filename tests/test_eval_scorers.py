@@ -73,7 +73,7 @@ def test_exact_ppl_matches_manual(tiny_lm_dir):
 
 def test_bos_option_scores_every_token(loaded):
     sc = loaded(add_bos=True)
-    ids = [1] + [WORDS.index(w) + 2 for w in "w3 w1 w4".split()]
+    ids = [1] + [WORDS.index(w) + 2 for w in ["w3", "w1", "w4"]]
     (s, n), = sc.nll(["w3 w1 w4"])
     assert n == 3 and s == pytest.approx(_manual_nll(sc.model, ids), rel=1e-5)
 

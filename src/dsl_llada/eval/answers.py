@@ -29,8 +29,17 @@ import re
 from fractions import Fraction
 
 __all__ = [
-    "MODES", "extract_gsm8k", "gsm8k_gold", "gsm8k_correct", "extract_math", "extract_math_gold",
-    "math_correct", "last_boxed", "normalize_math", "authors_normalize", "parse_number",
+    "MODES",
+    "authors_normalize",
+    "extract_gsm8k",
+    "extract_math",
+    "extract_math_gold",
+    "gsm8k_correct",
+    "gsm8k_gold",
+    "last_boxed",
+    "math_correct",
+    "normalize_math",
+    "parse_number",
 ]
 
 MODES = ("default", "authors")
@@ -46,11 +55,11 @@ def _check_mode(mode: str) -> str:
 
 _A_NUM = r"[+-]?[\d,]+\.?\d*"
 _A_HASH = re.compile(r"####\s*(" + _A_NUM + ")")
-_A_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=)\s*\$?(" + _A_NUM + ")", re.I)
+_A_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=)\s*\$?(" + _A_NUM + ")", re.IGNORECASE)
 _A_ALL_NUMS = re.compile(_A_NUM)
 _A_GOLD_HASH = re.compile(r"####\s*(.+)")
 _A_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
-_A_MATH_FALLBACK = re.compile(r"(?:answer|result)\s*(?:is|=)\s*(.+?)(?:\.|$)", re.I)
+_A_MATH_FALLBACK = re.compile(r"(?:answer|result)\s*(?:is|=)\s*(.+?)(?:\.|$)", re.IGNORECASE)
 
 
 def authors_normalize(s: str) -> str:
@@ -67,7 +76,7 @@ def authors_normalize(s: str) -> str:
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
 _SIGNED_NUM = re.compile(r"(?<![\w.])(-?)\$?\s?(" + _NUM + r")")
 _HASH = re.compile(r"####\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))")
-_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))", re.I)
+_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))", re.IGNORECASE)
 _FRACTION = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$|^(-?\d+)/(\d+)$")
 
 
@@ -177,7 +186,7 @@ def last_boxed(text: str) -> str | None:
     return b[-1].strip() if b else None
 
 
-_FALLBACK = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*(.+?)(?:\.(?=\s|$)|\n|$)", re.I)
+_FALLBACK = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*(.+?)(?:\.(?=\s|$)|\n|$)", re.IGNORECASE)
 
 
 def extract_math(text: str, mode: str = "default") -> str | None:

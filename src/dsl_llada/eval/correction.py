@@ -88,7 +88,7 @@ def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, 
     if len(tids) != len(ids_list):
         raise ValueError(f"text_ids has {len(tids)} entries but texts has {len(ids_list)}")
     low, high = id_range
-    ex = set(int(x) for x in exclude)
+    ex = {int(x) for x in exclude}
     cases = []
     for tid, ids in zip(tids, ids_list):
         if not ids:
@@ -299,7 +299,7 @@ def fix_clean_records(model: Any, tokenizer: Any, texts: Sequence[str | Sequence
     already-tokenised id lists (e.g. ``wikitext_texts_100.jsonl``'s LLaDA ``tokens``). Each record also has
     ``text_id`` and ``rate``."""
     _check_path(model, path, gamma)
-    V = int(getattr(model, "vocab_size"))
+    V = int(model.vocab_size)
     low, high = id_range if id_range is not None else (0, V)
     if not 0 <= low < high <= V:
         raise ValueError(f"id_range must satisfy 0 <= low < high <= vocab size {V}, got {(low, high)}")

