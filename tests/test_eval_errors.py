@@ -147,19 +147,19 @@ def test_scorer_folders_are_checked_before_the_run(models, tmp_path):
 def test_tokenizer_without_the_mask_id(models, tmp_path):
     import shutil
 
-    from transformers import PreTrainedTokenizerFast
+    from eval_fixtures import train_tokenizer
 
     small = tmp_path / "small-tok"
-    tok = PreTrainedTokenizerFast.from_pretrained(str(models["tok"]))
+    train_tokenizer(small, vocab_size=280)
     shutil.copytree(models["llada"], tmp_path / "model")
     cfg = json.loads((tmp_path / "model" / "config.json").read_text())
-    cfg["mask_token_id"] = len(tok) + 5  # an id the tokenizer (and the embedding) does not have
+    cfg["mask_token_id"] = 300  # in the model's 320-row vocabulary, but not in the 280-token tokenizer
     (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
-    tok.save_pretrained(small)
     d = base_config(models, [task(data_dir() / "prompts_200.jsonl", limit=2)],
                     methods=[{"name": "LLaDA", "model": "llada", "preset": "llada"}])
     d["models"][1] = {"name": "llada", "path": str(tmp_path / "model"), "tokenizer": str(small)}
-    with pytest.raises(ValueError, match=r"mask"):
+    with pytest.raises(ConfigError, match=r"its mask id 300 is not in the tokenizer \(.*small-tok, 280 tokens\); "
+                                          r"method 'LLaDA' needs it"):
         run_eval(EvalConfig.from_dict(d), tmp_path / "run", progress=False)
 
 

@@ -92,9 +92,10 @@ def check_method(loaded: Loaded, method: MethodSpec) -> None:
     vocab = len(loaded.tokenizer)
     for name in ("mask", "eos"):
         v = getattr(special, name)
-        if v >= max(vocab, loaded.model.vocab_size):
-            raise ConfigError(f"model {loaded.spec.name!r}: the {name} id {v} is outside the tokenizer's vocabulary "
-                              f"({vocab} tokens); method {method.name!r} needs it")
+        if v >= vocab:
+            raise ConfigError(f"model {loaded.spec.name!r}: its {name} id {v} is not in the tokenizer "
+                              f"({loaded.spec.tokenizer or loaded.spec.path}, {vocab} tokens); method {method.name!r} "
+                              f"needs it — use the model's own tokenizer")
 
 
 def encode(loaded: Loaded, prompt: str, chat: bool) -> list[int]:
