@@ -96,3 +96,13 @@ def make_causal_lm(folder: Path, tok_folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def eval_models(tmp_path_factory) -> dict[str, Path]:
+    """One set of tiny model folders for every eval test file (import this fixture into the test module)."""
+    data_dir()
+    root = tmp_path_factory.mktemp("eval-models")
+    m = make_models(root)
+    m["ar"] = make_causal_lm(root / "ar", m["tok"])
+    return m

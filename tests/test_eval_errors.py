@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_fixtures import base_config, data_dir, make_models
+from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.cli import main
 from dsl_llada.config import ConfigError
@@ -15,10 +15,10 @@ from dsl_llada.eval.data import DataError
 from dsl_llada.eval.runner import run_eval
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    data_dir()
-    return make_models(tmp_path_factory.mktemp("eval-err-models"))
+@pytest.fixture
+def models(eval_models):  # noqa: F811
+    """The session's tiny model folders."""
+    return eval_models
 
 
 def task(path, **kw) -> dict:

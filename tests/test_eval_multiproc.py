@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from eval_fixtures import base_config, data_dir, make_models
+from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.eval.config import EvalConfig
 from dsl_llada.eval.records import read_records
@@ -34,11 +34,11 @@ def strip(recs):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, eval_models):  # noqa: F811
     d = data_dir()
     root = tmp_path_factory.mktemp("eval-mp")
-    models = make_models(root / "m")
-    tasks = [{"name": "generation", "datasets": [{"name": "prompts", "path": str(d / "prompts_200.jsonl"), "limit": 6,
+    models = eval_models
+    tasks = [{"name": "generation", "datasets": [{"name": "prompts", "path": str(d / "prompts_200.jsonl"), "limit": 4,
                                                   "gen_length": 8}]},
              {"name": "reasoning", "datasets": [{"name": "gsm8k", "path": str(d / "gsm8k_100.jsonl"), "limit": 4,
                                                  "gen_length": 8}]}]

@@ -4,10 +4,9 @@ slices of the real evaluation files: records, batching invariance, resume, refus
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from eval_fixtures import base_config, data_dir, make_models
+from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.eval.config import EvalConfig
 from dsl_llada.eval.records import read_records
@@ -17,10 +16,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TIMING = ("seconds", "batch_seconds", "batch_size")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    data_dir()
-    return make_models(tmp_path_factory.mktemp("eval-models"))
+@pytest.fixture
+def models(eval_models):  # noqa: F811
+    """The session's tiny model folders."""
+    return eval_models
 
 
 def gen_task(limit: int = 5, gen_length: int = 16) -> dict:

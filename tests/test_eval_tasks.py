@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-from eval_fixtures import base_config, data_dir, make_causal_lm, make_models
+from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.eval.config import EvalConfig
 from dsl_llada.eval.records import read_records
@@ -17,13 +16,10 @@ from dsl_llada.eval.runner import run_eval
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    data_dir()
-    root = tmp_path_factory.mktemp("eval-task-models")
-    m = make_models(root)
-    m["ar"] = make_causal_lm(root / "ar", m["tok"])
-    return m
+@pytest.fixture
+def models(eval_models):  # noqa: F811
+    """The session's tiny model folders."""
+    return eval_models
 
 
 def with_ar(models, tasks, methods, **kw) -> EvalConfig:
