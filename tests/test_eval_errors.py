@@ -137,6 +137,9 @@ def test_scorer_folders_are_checked_before_the_run(models, tmp_path):
     gen["options"] = {"scorer": {"path": str(models["tok"])}}  # a folder, but no causal LM in it
     with pytest.raises(ScorerError, match="has no config.json: not a Hugging Face causal LM"):
         run_eval(EvalConfig.from_dict(base_config(models, [gen])), tmp_path / "r2", progress=False)
+    gen["options"] = {"scorer": {"path": str(models["llada"])}}  # a model folder, but not a causal LM
+    with pytest.raises(ScorerError, match="is not a causal LM \\(model_type 'llada'"):
+        run_eval(EvalConfig.from_dict(base_config(models, [gen])), tmp_path / "r2", progress=False)
     summ = {"name": "summarization", "options": {"bertscore": {"model_dir": str(tmp_path / "no-roberta"), "num_layers": 17}},
             "datasets": [{"name": "xsum", "path": str(data_dir() / "summ_xsum.jsonl"), "limit": 2}]}
     with pytest.raises(BERTScoreError, match="no-roberta does not exist"):

@@ -163,8 +163,17 @@ def check_scorer_option(opts: Any) -> None:
                           f"holding the .gguf named by gguf_file)")
     if opts.get("gguf_file") and not (folder / opts["gguf_file"]).is_file():
         raise ScorerError(f"GenPPL scorer: {opts['gguf_file']!r} is not a file in {folder}")
-    if not opts.get("gguf_file") and not (folder / "config.json").is_file():
-        raise ScorerError(f"GenPPL scorer folder {folder} has no config.json: not a Hugging Face causal LM")
+    if not opts.get("gguf_file"):
+        if not (folder / "config.json").is_file():
+            raise ScorerError(f"GenPPL scorer folder {folder} has no config.json: not a Hugging Face causal LM")
+        import json  # noqa: PLC0415
+
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: PLC0415
+
+        mt = json.loads((folder / "config.json").read_text()).get("model_type")
+        if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ScorerError(f"GenPPL scorer folder {folder} is not a causal LM (model_type {mt!r} has no causal-LM "
+                              f"class in transformers); use e.g. a gpt2 / llama / qwen2 folder")
 
 
 def _nlls(records: list[dict[str, Any]], ctx: SummaryContext) -> dict[str, tuple[float, int]] | None:
