@@ -7,7 +7,7 @@ per-row generators): the pure side encodes the prompts and calls `run_sampler` b
 JSONL appends, merge; report off). Both include loading the model folders once. Target >= 0.95.
 
 Model: a LLaDA-architecture model (d=128, 4 layers) with a DSL converter over the toy world's word-level
-tokenizer; prompts: configs/eval/toy-data/toy_open.jsonl (16) x 1 seed; gen 32; DSL-SDE and LLaDA remasking at NFE 16;
+tokenizer; prompts: configs/eval/toy-data/toy_open.jsonl (16) x 2 seeds; gen 64; DSL-SDE and LLaDA remasking at NFE 16;
 batch 16.
 
 Usage:  python benchmarks/bench_eval.py [--rounds 3] [--write]
@@ -57,8 +57,8 @@ def config(models: dict[str, Path]):
     return EvalConfig.from_dict({
         "models": [{"name": "dsl", "path": str(models["dsl"])}, {"name": "mdm", "path": str(models["mdm"])}],
         "methods": [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"}, {"name": "LLaDA", "model": "mdm", "preset": "llada"}],
-        "tasks": [{"name": "generation", "datasets": [{"name": "toy_open", "path": str(DATA), "kind": "prompts", "gen_length": 32}]}],
-        "nfe": [16], "seeds": [0], "batch_size": 16, "device": "cpu"})
+        "tasks": [{"name": "generation", "datasets": [{"name": "toy_open", "path": str(DATA), "kind": "prompts", "gen_length": 64}]}],
+        "nfe": [16], "seeds": [0, 1], "batch_size": 16, "device": "cpu"})
 
 
 def pure_sampler(cfg) -> tuple[float, float]:
@@ -117,7 +117,7 @@ def main() -> int:
     if a.write:
         md = (f"\n### Evaluation runner overhead (cpu, {a.threads} thread, torch {torch.__version__}, "
               f"Python {platform.python_version()})\n\nCommand: `python benchmarks/bench_eval.py --rounds {a.rounds} "
-              f"--write`\n\n{n_items} generation items (toy_open x DSL-SDE/LLaDA at NFE 16, gen 32, batch 16) on a "
+              f"--write`\n\n{n_items} generation items (toy_open x DSL-SDE/LLaDA at NFE 16, gen 64, batch 16) on a "
               f"d=128, 4-layer LLaDA-architecture model; medians of {a.rounds} alternating rounds.\n\n"
               f"| clock | pure sampler (s) | `run_eval` (s) | efficiency = sampler / eval |\n|---|---|---|---|\n"
               f"| process CPU time | {pc:.2f} | {ec:.2f} | {pc / ec:.3f} |\n| wall | {pw:.2f} | {ew:.2f} | {pw / ew:.3f} |\n\n"

@@ -10,7 +10,6 @@ with the same command gives exactly the records of an uninterrupted run.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -278,8 +277,12 @@ def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: b
     for b in bar:
         name = b.model
         if current is None or current.spec.name != name:
-            current = None
-            gc.collect()
+            if current is not None:
+                current = None  # drop the previous model before loading the next (no gc.collect: it costs ~0.7 s)
+                if device.startswith("cuda"):
+                    import torch  # noqa: PLC0415
+
+                    torch.cuda.empty_cache()
             logger.info("loading model %r on %s", name, device)
             current = M.load(cfg.model(name), device)
         if b.method is not None and b.method.name not in checked:
