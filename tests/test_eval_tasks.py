@@ -131,12 +131,17 @@ def test_correction_task(models, tmp_path):
             "datasets": [{"name": "wikitext", "path": str(d / "wikitext_texts_100.jsonl"), "limit": 4},
                          {"name": "semantic", "path": str(d / "semantic_corruption_manual.jsonl"), "limit": 3}]}
     methods = [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"}, {"name": "DSL-Remask", "model": "dsl",
-                                                                         "preset": "dsl-remask"}]
+                                                                         "preset": "dsl-remask"},
+               {"name": "LLaDA", "model": "llada", "preset": "llada"}]
     cfg = EvalConfig.from_dict(base_config(models, [task], methods=methods, batch_size=3))
     run_eval(cfg, tmp_path / "run", progress=False)
     recs = read_records(tmp_path / "run")
-    # the model appears once although two methods use it; 4 texts x 2 rates x 2 paths + 3 pairs x 2 paths
-    assert len(recs) == 4 * 2 * 2 + 3 * 2 and {r["method"] for r in recs} == {"dsl"}
+    # the DSL model appears once although two methods use it (4 texts x 2 rates x 2 paths + 3 pairs x 2 paths); the
+    # bare backbone has no converter, so only its discrete path runs
+    dsl = [r for r in recs if r["method"] == "dsl"]
+    assert len(dsl) == 4 * 2 * 2 + 3 * 2 and len(recs) - len(dsl) == 4 * 2 + 3
+    assert all(r["error"] is None for r in recs)
+    assert {r["variant"] for r in recs if r["method"] == "llada"} == {"rate0.1/discrete", "rate0.5/discrete", "discrete"}
     assert {r["variant"] for r in recs if r["dataset"] == "wikitext"} == {"rate0.1/discrete", "rate0.5/discrete",
                                                                           "rate0.1/converter", "rate0.5/converter"}
     model, tok = load_model(models["dsl"]), load_tokenizer(models["dsl"])

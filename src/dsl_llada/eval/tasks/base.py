@@ -70,3 +70,19 @@ def base_row(dataset: str, method: str, nfe: int, recs: list[dict[str, Any]]) ->
             "forward_passes": max((r.get("forward_passes") or 0 for r in ok), default=None),
             "seconds_per_sample": (sum(r.get("seconds", 0.0) for r in ok) / len(ok)) if ok else None,
             "gen_tokens": (sum(r.get("n_tokens", 0) for r in ok) / len(ok)) if ok else None}
+
+
+def is_dsl_folder(path: str) -> bool:
+    """Whether a model folder is a DSL checkpoint (has the noise embedding), without loading it."""
+    from ...checkpoint import checkpoint_files  # noqa: PLC0415
+
+    try:
+        return "noise_embed.weight" in checkpoint_files(path)
+    except (OSError, ValueError):
+        return False
+
+
+def usable_paths(options: dict[str, Any], model) -> list[str]:
+    """The `paths` option, without 'converter' for a model that has no converter (a bare backbone)."""
+    paths = list(options.get("paths", ["discrete"]))
+    return [p for p in paths if p != "converter" or is_dsl_folder(model.path)]

@@ -30,7 +30,7 @@ from ..data import (
     row_id,
     sliced,
 )
-from .base import SummaryContext, TaskSummary
+from .base import SummaryContext, TaskSummary, usable_paths
 
 KINDS = {"semantic": ("semantic",), "benchmark": ("benchmark",), "noisy-edit": ("noisy", "edit"),
          "random": ("wikitext", "texts", "random")}
@@ -82,7 +82,7 @@ class CorrectionTask:
 
     def variants(self, ds: DatasetSpec, options: dict[str, Any], model: ModelSpec) -> list[tuple[str, dict[str, Any]]]:
         kind = infer_kind(ds, KINDS, self.name)
-        paths = options.get("paths", ["discrete"])
+        paths = usable_paths(options, model)  # 'converter' only on DSL checkpoints
         gamma = options.get("gamma")
         extra = {k: options[k] for k in ("id_range", "max_tokens", "max_edits") if k in options}
         out = []

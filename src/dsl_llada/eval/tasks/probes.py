@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import DatasetSpec, ModelSpec
 from ..data import Sample, check_usable, pick_field, read_rows, row_id, sliced
-from .base import SummaryContext, TaskSummary
+from .base import SummaryContext, TaskSummary, usable_paths
 
 OPTIONS = ("mask_rates", "corrupt_pcts", "context", "paths", "use_token_ids", "id_range", "max_tokens", "bins")
 
@@ -50,7 +50,7 @@ class ProbesTask:
     def variants(self, ds: DatasetSpec, options: dict[str, Any], model: ModelSpec) -> list[tuple[str, dict[str, Any]]]:
         extra = {k: options[k] for k in ("id_range", "max_tokens") if k in options}
         out = []
-        for path in options.get("paths", ["discrete"]):
+        for path in usable_paths(options, model):  # 'converter' only on DSL checkpoints
             out += [(f"mask{r:g}/{path}", {"probe": "mask", "rate": float(r), "path": path, **extra})
                     for r in options.get("mask_rates", [0.3, 0.5, 0.7])]
             if options.get("context", True):
