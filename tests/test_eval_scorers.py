@@ -220,3 +220,19 @@ def test_bertscore_errors(minilm, tmp_path):
         bertscore(["a"], ["a"], model_dir=minilm, num_layers=7)
     with pytest.raises(ValueError, match="cands has 1 texts but refs has 2"):
         bertscore(["a"], ["a", "b"], model_dir=minilm, num_layers=2)
+
+
+def test_context_conditioned_scoring(loaded):
+    sc = loaded(batch_size=3)
+    ctx, text = "w7 w8 w9", "w3 w1 w4"
+    cids = [WORDS.index(w) + 2 for w in ctx.split()]
+    tids = [WORDS.index(w) + 2 for w in text.split()]
+    with torch.no_grad():
+        logp = torch.log_softmax(sc.model(input_ids=torch.tensor([cids + tids])).logits[0].double(), -1)
+    want = -sum(float(logp[t - 1, (cids + tids)[t]]) for t in range(3, 6))
+    got = sc.nll([text, text, "w5"], contexts=[ctx, "", "w2 w2"])
+    assert got[0][1] == 3 and got[0][0] == pytest.approx(want, rel=1e-5)
+    assert got[1] == sc.nll([text])[0]          # an empty context = no context
+    assert got[2][1] == 1                       # a one-token text is scorable given a context
+    with pytest.raises(ValueError, match="contexts has 1 entries but texts has 2"):
+        sc.nll(["a", "b"], contexts=["x"])

@@ -50,13 +50,15 @@ def test_summary_failure_tags_short_summary_quirk():
 def test_summary_failure_tags_thresholds_by_mode():
     ref = uniq(20)  # 0.4 * 20 = 8 words
     # 10 words: authors' extra "< 15 words" rule fires, the paper's 40 % rule does not
-    assert M.summary_failure_tags(uniq(10), ref, mode="authors").premature_eos is True
-    assert M.summary_failure_tags(uniq(10), ref).premature_eos is False
+    assert M.summary_failure_tags(uniq(10), "authors", reference=ref).premature_eos is True
+    assert M.summary_failure_tags(uniq(10), reference=ref).premature_eos is False
     pad = "word " * 20
     assert M.summary_failure_tags(pad + "a." * 8).degen_ending is True          # paper: >= 8
     assert M.summary_failure_tags(pad + "a." * 8, mode="authors").degen_ending is False  # code: > 8
-    assert M.summary_failure_tags("  ", ref, mode="authors") == M.FailureTags(empty=True)
-    assert M.summary_failure_tags("  ", ref) == M.FailureTags(empty=True)
+    assert M.summary_failure_tags("  ", "authors", reference=ref) == M.FailureTags(empty=True)
+    assert M.summary_failure_tags("  ", reference=ref) == M.FailureTags(empty=True)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        M.summary_failure_tags(uniq(10), ref)  # the reference is keyword-only: a positional one is a bad mode
 
 
 def test_generation_failure_tags_hand_example():

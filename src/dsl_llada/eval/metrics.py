@@ -255,8 +255,9 @@ def failure_tags(
     return FailureTags(premature_eos=premature, repetition=repetition, degen_ending=degen)
 
 
-def summary_failure_tags(text: str, reference: str | None = None, *, mode: str = "default") -> FailureTags:
-    """Summary failure tags (official-impl §5.6) in one of two modes.
+def summary_failure_tags(text: str, mode: str = "default", *, reference: str | None = None) -> FailureTags:
+    """Summary failure tags (official-impl §5.6) in one of two modes; pass the reference summary as
+    ``reference=`` (without it ``premature_eos`` can only fire by the authors' ``W < 15`` rule).
 
     ``authors``: :func:`failure_tags` with the code's thresholds, exactly (``W < 15 or W < 0.4R``; 4-gram share
     strictly above 0.15 from 8 words on, which fires on *every* 8- or 9-word summary since one 4-gram out of

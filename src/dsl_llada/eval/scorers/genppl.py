@@ -9,6 +9,8 @@ Protocol (official-impl.md §5.4, the authors' ``compute_metrics_batch.py``):
   (``add_bos=True`` prepends the tokenizer's BOS so every token is scored);
 * a text with fewer than 2 tokens (1 with ``add_bos``) cannot be scored: its perplexity is ``nan`` and it has
   0 scored tokens;
+* optionally (``contexts=``, not the authors' protocol) a text is scored conditioned on a context such as the
+  prefix of a prefix-continuation run: context tokens come first and are not scored;
 * per text: ``nll_sum`` (natural log) and ``n_tokens``; aggregation over texts is :func:`gen_ppl` —
   token-weighted by default, the authors' exp(mean of per-text mean NLLs) with ``mode="authors"``.
 
@@ -192,56 +194,75 @@ class CausalLMScorer:
         words = text.split()
         return " ".join(words if self.max_words is None else words[: self.max_words])
 
-    def _ids(self, text: str) -> list[int]:
+    def _ids(self, text: str, context: str | None = None) -> tuple[list[int], int]:
+        """(ids, index of the first scored target). Without context the first token is context only (or the
+        BOS is); with a context its tokens come first (left-truncated so the response keeps its tokens)."""
         ids = list(self.tokenizer(self.prepare(text), add_special_tokens=False)["input_ids"])
+        if context is None:
+            if self.add_bos:
+                ids = [self.bos_id, *ids]
+            return ids[: self.max_length], 1
+        ctx = list(self.tokenizer(context, add_special_tokens=False)["input_ids"])
         if self.add_bos:
-            ids = [self.bos_id, *ids]
-        return ids[: self.max_length]
+            ctx = [self.bos_id, *ctx]
+        ids = ids[: self.max_length - 1]
+        ctx = ctx[max(0, len(ctx) - (self.max_length - len(ids))):]
+        if not ctx:  # an empty context scores like a text without one
+            return ids, 1
+        return ctx + ids, len(ctx)
 
     @torch.no_grad()
-    def _score_batch(self, seqs: list[list[int]]) -> list[tuple[float, int]]:
-        lengths = [len(s) for s in seqs]
+    def _score_batch(self, seqs: list[tuple[list[int], int]]) -> list[tuple[float, int]]:
+        lengths = [len(s) for s, _ in seqs]
         T = max(lengths)
         ids = torch.zeros(len(seqs), T, dtype=torch.long)
         att = torch.zeros(len(seqs), T, dtype=torch.long)
-        for i, s in enumerate(seqs):
+        scored = torch.zeros(len(seqs), T - 1, dtype=torch.bool)
+        for i, (s, first) in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             att[i, : len(s)] = 1
-        ids, att = ids.to(self.device), att.to(self.device)
+            scored[i, first - 1 : len(s) - 1] = True  # logits at t predict token t+1: targets first..len-1
+        ids, att, scored = ids.to(self.device), att.to(self.device), scored.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
         self.forward_calls += 1
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        valid = att[:, 1:].bool()
-        sums = (nll * valid).sum(1).tolist()
-        return [(float(s), int(n) - 1) for s, n in zip(sums, lengths)]
+        sums = (nll * scored).sum(1).tolist()
+        return [(float(x), n - first) for x, n, (_, first) in zip(sums, lengths, seqs)]
 
-    def nll(self, texts: Sequence[str]) -> list[tuple[float, int]]:
-        """``(nll_sum, n_tokens)`` per text (natural log; ``(0.0, 0)`` for a text too short to score)."""
+    def nll(self, texts: Sequence[str], contexts: Sequence[str] | None = None) -> list[tuple[float, int]]:
+        """``(nll_sum, n_tokens)`` per text (natural log; ``(0.0, 0)`` for a text too short to score).
+
+        ``contexts`` (optional, one per text, e.g. the prefix of a prefix-continuation run): the text is scored
+        *conditioned* on its context; the context's tokens are not scored. The default scores the response
+        alone, as the authors did."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a single str")
-        keys = [_sha(t) for t in texts]
-        todo: dict[str, list[int]] = {}
-        for k, t in zip(keys, texts):
+        if contexts is not None and len(contexts) != len(texts):
+            raise ValueError(f"contexts has {len(contexts)} entries but texts has {len(texts)}")
+        ctxs = list(contexts) if contexts is not None else [None] * len(texts)
+        keys = [_sha(t) if c is None else _sha(c + "\x00" + t) for t, c in zip(texts, ctxs)]
+        todo: dict[str, tuple[list[int], int]] = {}
+        for k, t, c in zip(keys, texts, ctxs):
             if k not in self._cache and k not in todo:
-                todo[k] = self._ids(t)
-        short = {k: ids for k, ids in todo.items() if len(ids) < 2}
+                todo[k] = self._ids(t, c)
+        short = {k for k, (ids, first) in todo.items() if len(ids) - first < 1}
         for k in short:
             self._cache[k] = (0.0, 0)
-        order = sorted((k for k in todo if k not in short), key=lambda k: len(todo[k]), reverse=True)
+        order = sorted((k for k in todo if k not in short), key=lambda k: len(todo[k][0]), reverse=True)
         new_rows: list[tuple[str, float, int]] = [(k, 0.0, 0) for k in short]
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            for k, (s, n) in zip(chunk, self._score_batch([todo[k] for k in chunk])):
-                self._cache[k] = (s, n)
-                new_rows.append((k, s, n))
+            for k, (x, n) in zip(chunk, self._score_batch([todo[k] for k in chunk])):
+                self._cache[k] = (x, n)
+                new_rows.append((k, x, n))
             if len(order) > self.batch_size:
                 log.info("GenPPL: %d/%d texts scored", min(start + self.batch_size, len(order)), len(order))
         self._append_cache(new_rows)
         return [self._cache[k] for k in keys]
 
-    def perplexities(self, texts: Sequence[str]) -> list[float]:
+    def perplexities(self, texts: Sequence[str], contexts: Sequence[str] | None = None) -> list[float]:
         """exp(mean NLL per scored token) of each text; ``nan`` for a text with no scored token."""
-        return [math.exp(s / n) if n else float("nan") for s, n in self.nll(texts)]
+        return [math.exp(s / n) if n else float("nan") for s, n in self.nll(texts, contexts)]
 
 
 def gen_ppl(nlls: Sequence[tuple[float, int]], *, mode: str = "default") -> float | None:
