@@ -111,7 +111,7 @@ class SummarizationTask(SamplingTask):
         m: dict[str, Any] = dict(rouge_scores(ref, text))
         m["words"] = len(text.split())
         m["ref_words"] = len(ref.split())
-        m["tags"] = summary_failure_tags(text, ref, mode=mode).as_dict()
+        m["tags"] = summary_failure_tags(text, mode, reference=ref).as_dict()
         return m
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
