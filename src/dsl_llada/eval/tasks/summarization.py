@@ -140,9 +140,8 @@ class SummarizationTask(SamplingTask):
         md = []
         for ds in dict.fromkeys(r["dataset"] for r in rows):
             sub = [r for r in rows if r["dataset"] == ds]
-            md += [f"### {ds}: ROUGE-1 / ROUGE-2 / ROUGE-L F1 ({ctx.mode} aggregate)", "",
-                   pivot(sub, "rouge1", spec=".2f"), "", pivot(sub, "rouge2", spec=".2f"), "",
-                   pivot(sub, "rougeL", spec=".2f"), ""]
+            md += [f"### {ds}: ROUGE F1 x100 ({ctx.mode} aggregate)", "", "ROUGE-1:", "", pivot(sub, "rouge1", spec=".2f"),
+                   "", "ROUGE-2:", "", pivot(sub, "rouge2", spec=".2f"), "", "ROUGE-L:", "", pivot(sub, "rougeL", spec=".2f"), ""]
             if bert is not None:
                 md += ["BERTScore F1 x100:", "", pivot(sub, "bertscore_f1", spec=".2f"), ""]
             md += ["failure tags (% of samples), length, counts:", "", _tag_table(sub), ""]
