@@ -280,7 +280,7 @@ def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: b
             if current is not None:
                 current = None  # drop the previous model before loading the next (no gc.collect: it costs ~0.7 s)
                 if device.startswith("cuda"):
-                    import torch  # noqa: PLC0415
+                    import torch
 
                     torch.cuda.empty_cache()
             logger.info("loading model %r on %s", name, device)

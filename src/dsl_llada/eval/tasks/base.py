@@ -74,7 +74,7 @@ def base_row(dataset: str, method: str, nfe: int, recs: list[dict[str, Any]]) ->
 
 def is_dsl_folder(path: str) -> bool:
     """Whether a model folder is a DSL checkpoint (has the noise embedding), without loading it."""
-    from ...checkpoint import checkpoint_files  # noqa: PLC0415
+    from ...checkpoint import checkpoint_files
 
     try:
         return "noise_embed.weight" in checkpoint_files(path)

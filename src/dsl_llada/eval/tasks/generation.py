@@ -166,9 +166,11 @@ def check_scorer_option(opts: Any) -> None:
     if not opts.get("gguf_file"):
         if not (folder / "config.json").is_file():
             raise ScorerError(f"GenPPL scorer folder {folder} has no config.json: not a Hugging Face causal LM")
-        import json  # noqa: PLC0415
+        import json
 
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: PLC0415
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
 
         mt = json.loads((folder / "config.json").read_text()).get("model_type")
         if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
