@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_train_parser(sub)
+    from .eval.cli import add_eval_parser  # noqa: PLC0415
+
+    add_eval_parser(sub)
     from .serve.cli import add_serve_parser  # noqa: PLC0415
 
     add_serve_parser(sub)
