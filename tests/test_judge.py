@@ -276,7 +276,7 @@ def test_judge_cli_options_and_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_smollm2_judge_end_to_end(tmp_path):
+def test_local_smollm2_judge_end_to_end(tmp_path, one_thread):
     pytest.importorskip("gguf")
     from dsl_llada.eval.judge_backends import smollm2_gguf  # noqa: PLC0415
 
@@ -286,7 +286,7 @@ def test_local_smollm2_judge_end_to_end(tmp_path):
         pytest.skip(str(e))
     ra, rb = _write_run(tmp_path / "ra", "xsum", 2, "The cat sat on the mat"), _write_run(tmp_path / "rb", "xsum", 2, "mat")
     a = _parse([str(ra), str(rb), "--out", str(tmp_path / "j"), "--nfe", "64", "--local", "smollm2",
-                "--max-tokens", "40", "--n", "2", "-q"])
+                "--max-tokens", "24", "--n", "2", "-q"])
     assert a.func(a) == 0
     lines = [json.loads(x) for x in (tmp_path / "j" / "judgments.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == ["0", "1"] and all(isinstance(r["reply"], str) and r["reply"] for r in lines)
