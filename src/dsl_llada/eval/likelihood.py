@@ -73,11 +73,14 @@ def _score_rows(model, rows: list[tuple[list[int], torch.Tensor, list[int]]], *,
             masked[r, off:] = m
         ids = ids.masked_fill(masked, mask_id).to(device)
         attn = None if bool(keep.all()) else keep.to(device)
-        logp = torch.log_softmax(_logits(model, ids, attn).float(), dim=-1).cpu()
-        for r, i in enumerate(idx):
-            pos = masked[r].nonzero().squeeze(-1)
-            gold = torch.as_tensor(rows[i][2])
-            out[i] = float(logp[r, pos, gold].sum())
+        logits = _logits(model, ids, attn)
+        rows_idx, pos_idx = masked.nonzero(as_tuple=True)  # row-major: each row's masked positions in order
+        logp = torch.log_softmax(logits[rows_idx.to(logits.device), pos_idx.to(logits.device)].float(), dim=-1).cpu()
+        gold = torch.as_tensor([t for i in idx for t in rows[i][2]])
+        picked = logp[torch.arange(len(gold)), gold]
+        counts = masked.sum(1).tolist()
+        for r, part in zip(idx, picked.split(counts)):
+            out[r] = float(part.sum())
     return out
 
 
