@@ -302,7 +302,9 @@ TEXT_FIELDS = ("output", "generated", "response", "text")
 def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, dataset: str | None = None,
                          nfe: int | None = None, method: str | None = None) -> RunSamples:
     """Pick one run's summaries out of result records (JSON lines), filtering on dataset / nfe / method when the
-    records carry those fields. Records with an error or no reference are skipped; a duplicated id is an error."""
+    records carry those fields. The output is the first of `TEXT_FIELDS`; the reference (and source) are read at
+    the top level or in the record's `info` (the evaluation runner's layout). Records with an error or no reference
+    are skipped; a duplicated id is an error."""
     run = RunSamples(name)
     for r in records:
         if dataset is not None and r.get("dataset", dataset) != dataset:
@@ -313,13 +315,15 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
             continue
         if r.get("error"):
             continue
+        info = r.get("info") if isinstance(r.get("info"), dict) else {}
         text = next((r[f] for f in TEXT_FIELDS if isinstance(r.get(f), str)), None)
+        ref = r.get("reference", info.get("reference"))
         sid = r.get("sample_id", r.get("id"))
-        if text is None or sid is None or not isinstance(r.get("reference"), str):
+        if text is None or sid is None or not isinstance(ref, str):
             continue
         sid = str(sid)
         if sid in run.samples:
             raise ValueError(f"run {name!r}: sample id {sid!r} occurs twice after filtering; narrow it with "
-                             "--dataset / --nfe / --method")
-        run.samples[sid] = Sample(sid, text, r["reference"], r.get("source"))
+                             "--dataset / --nfe / --method (or --seed filtering upstream)")
+        run.samples[sid] = Sample(sid, text, ref, r.get("source", info.get("source")))
     return run
