@@ -300,7 +300,7 @@ TEXT_FIELDS = ("output", "generated", "response", "text")
 
 
 def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, dataset: str | None = None,
-                         nfe: int | None = None, method: str | None = None) -> RunSamples:
+                         nfe: int | None = None, method: str | None = None, seed: int | None = None) -> RunSamples:
     """Pick one run's summaries out of result records (JSON lines), filtering on dataset / nfe / method when the
     records carry those fields. The output is the first of `TEXT_FIELDS`; the reference (and source) are read at
     the top level or in the record's `info` (the evaluation runner's layout). Records with an error or no reference
@@ -313,6 +313,8 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
             continue
         if method is not None and r.get("method", method) != method:
             continue
+        if seed is not None and r.get("seed", seed) != seed:
+            continue
         if r.get("error"):
             continue
         info = r.get("info") if isinstance(r.get("info"), dict) else {}
@@ -324,6 +326,6 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
         sid = str(sid)
         if sid in run.samples:
             raise ValueError(f"run {name!r}: sample id {sid!r} occurs twice after filtering; narrow it with "
-                             "--dataset / --nfe / --method (or --seed filtering upstream)")
+                             "--dataset / --nfe / --method / --run-seed")
         run.samples[sid] = Sample(sid, text, ref, r.get("source", info.get("source")))
     return run

@@ -18,6 +18,7 @@ def add_judge_parser(sub) -> argparse.ArgumentParser:
     j.add_argument("--nfe", type=int, default=None, help="keep records at this NFE")
     j.add_argument("--method-a", default=None, help="keep run A's records of this method")
     j.add_argument("--method-b", default=None, help="keep run B's records of this method")
+    j.add_argument("--run-seed", type=int, default=None, help="keep records of this sampling seed (runs with several)")
     j.add_argument("--out", required=True, help="output folder (judgments.jsonl, summary.json/.md); resumable")
     j.add_argument("--n", type=int, default=100, help="samples judged (default 100)")
     j.add_argument("--seed", type=int, default=42, help="shuffle/swap seed (default 42)")
@@ -70,13 +71,14 @@ def cmd_judge(a: argparse.Namespace) -> int:
     runs = []
     for path, method, recs in ((a.run_a, a.method_a, loaded[0]), (a.run_b, a.method_b, loaded[1])):
         name = Path(path).name if not method else f"{Path(path).name}:{method}"
-        run = samples_from_records(recs, name=name, dataset=a.dataset, nfe=a.nfe, method=method)
+        run = samples_from_records(recs, name=name, dataset=a.dataset, nfe=a.nfe, method=method, seed=a.run_seed)
         if not run.samples:
             raise ValueError(f"{path}: no {a.task} records with an output and a reference"
                              f"{f' for dataset {a.dataset!r}' if a.dataset else ''}{f' at NFE {a.nfe}' if a.nfe else ''}")
         runs.append(run)
     backend = make_backend(a)
-    filters = {"task": a.task, "dataset": a.dataset, "nfe": a.nfe, "method_a": a.method_a, "method_b": a.method_b}
+    filters = {"task": a.task, "dataset": a.dataset, "nfe": a.nfe, "method_a": a.method_a, "method_b": a.method_b,
+               "run_seed": a.run_seed}
     summary = run_judge(runs[0], runs[1], backend, a.out, config, filters=filters, progress=not a.quiet,
                         overwrite=a.overwrite)
     print(json.dumps({k: summary.get(k) for k in ("n_parsed", "n_unparsed", "win", "win_ci95", "tie", "loss",
