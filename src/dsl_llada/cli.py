@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_train_parser(sub)
+    from .eval.cli import add_eval_parser  # noqa: PLC0415
+
+    add_eval_parser(sub)
     from .eval.lmeval_cli import add_lmeval_parser  # noqa: PLC0415
 
     add_lmeval_parser(sub)

@@ -22,7 +22,18 @@ __all__ = [
     "aggregate_generation_metrics", "FailureTags", "failure_tags", "failure_rates",
     "rouge_scores", "mean_rouge", "expected_calibration_error", "FixCleanResult",
     "fix_clean", "macro_average", "macro_fix_clean", "corrupt_random_tokens",
+    "MODES", "rep_rate", "mean_length", "generation_metrics", "summary_failure_tags", "generation_failure_tags",
+    "rouge_aggregate",
 ]
+
+MODES: tuple[str, ...] = ("default", "authors")
+"""Scoring modes: ``default`` (correct) and ``authors`` (the authors' code, flaws included)."""
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
 
 ROUGE_TYPES: tuple[str, ...] = ("rouge1", "rouge2", "rougeL")
 _ROUGE_SCORER: Any = None  # lazy cache: the only module-level state
@@ -86,6 +97,45 @@ def distinct_n(texts: Iterable[str], n: int = 2) -> float:
 def distinct_n_text(text: str, n: int = 2) -> float:
     """Per-text Distinct-n = |unique n-grams of text| / |n-grams of text|; 0.0 without n-grams."""
     return distinct_n([text], n)
+
+
+def rep_rate(texts: Iterable[str]) -> float:
+    """Corpus-level Rep (official-impl §5.4): over all texts pooled, #{adjacent identical whitespace-word pairs}
+    / #{adjacent pairs}; pairs are taken within each text, never across texts. 0.0 when there are no pairs.
+
+    Example: ``["a a b", "c c"]`` has pairs (a,a) (a,b) | (c,c) -> 2/3.
+    """
+    same = pairs = 0
+    for t in _check_texts(texts):
+        w = t.split()
+        pairs += max(0, len(w) - 1)
+        same += sum(a == b for a, b in zip(w, w[1:]))
+    return same / pairs if pairs else 0.0
+
+
+def mean_length(texts: Iterable[str], *, exclude_empty: bool = False) -> float | None:
+    """Len: mean whitespace-word count; ``exclude_empty`` drops blank texts first (the authors). ``None`` if no text."""
+    t = [x for x in _check_texts(texts) if not (exclude_empty and not x.strip())]
+    return sum(len(x.split()) for x in t) / len(t) if t else None
+
+
+def generation_metrics(texts: Sequence[str], *, mode: str = "default") -> dict[str, float | int | None]:
+    """D2, D3 (corpus-level distinct-n), Rep (:func:`rep_rate`) and Len over a set of generations.
+
+    ``default`` scores every text (an empty output counts Len 0 and contributes no n-grams or pairs);
+    ``authors`` first drops empty outputs (official-impl §7.17: this flatters samplers that often emit nothing).
+    Returns ``{"n", "n_empty", "n_scored", "d2", "d3", "rep", "len"}`` (fractions, not percentages; ``None``
+    when nothing is scored).
+    """
+    _check_mode(mode)
+    texts = _check_texts(texts)
+    n_empty = sum(not t.strip() for t in texts)
+    kept = [t for t in texts if t.strip()] if mode == "authors" else texts
+    out: dict[str, float | int | None] = {"n": len(texts), "n_empty": n_empty, "n_scored": len(kept)}
+    if not kept:
+        return {**out, "d2": None, "d3": None, "rep": None, "len": None}
+    return {**out, "d2": distinct_n(kept, 2), "d3": distinct_n(kept, 3), "rep": rep_rate(kept),
+            "len": mean_length(kept)}
 
 
 def aggregate_generation_metrics(
@@ -205,12 +255,35 @@ def failure_tags(
     return FailureTags(premature_eos=premature, repetition=repetition, degen_ending=degen)
 
 
+def summary_failure_tags(text: str, mode: str = "default", *, reference: str | None = None) -> FailureTags:
+    """Summary failure tags (official-impl §5.6) in one of two modes; pass the reference summary as
+    ``reference=`` (without it ``premature_eos`` can only fire by the authors' ``W < 15`` rule).
+
+    ``authors``: :func:`failure_tags` with the code's thresholds, exactly (``W < 15 or W < 0.4R``; 4-gram share
+    strictly above 0.15 from 8 words on, which fires on *every* 8- or 9-word summary since one 4-gram out of
+    5 or 6 is already > 0.15; more than 8 dots/commas in the last 40 characters).
+    ``default``: the paper's thresholds (``W < 0.4R``; share >= 0.15; >= 8 dots/commas) and ``repetition``
+    additionally needs the most frequent 4-gram to occur at least twice, so a short summary with no repeated
+    4-gram is never tagged.
+    """
+    _check_mode(mode)
+    if mode == "authors":
+        return failure_tags(text, reference, paper_thresholds=False)
+    tags = failure_tags(text, reference, paper_thresholds=True)
+    if tags.repetition:
+        c_max = Counter(_ngrams(text.split(), 4)).most_common(1)[0][1]
+        if c_max < 2:
+            tags = FailureTags(premature_eos=tags.premature_eos, repetition=False, degen_ending=tags.degen_ending)
+    return tags
+
+
 def failure_rates(tags: Iterable[FailureTags | Mapping[str, bool]]) -> dict[str, float]:
     """Percentage of samples carrying each tag: ``100 * #{samples with tag} / #samples``."""
     rows = [t.as_dict() if isinstance(t, FailureTags) else dict(t) for t in tags]
     if not rows:
         raise ValueError("failure_rates needs at least one sample, got none")
-    names = list(FAILURE_TAG_NAMES) + sorted({k for r in rows for k in r} - set(FAILURE_TAG_NAMES))
+    present = {k for r in rows for k in r}
+    names = [k for k in FAILURE_TAG_NAMES if k in present] + sorted(present - set(FAILURE_TAG_NAMES))
     return {k: 100.0 * sum(bool(r.get(k, False)) for r in rows) / len(rows) for k in names}
 
 
@@ -225,23 +298,53 @@ def _rouge_scorer() -> Any:
     return _ROUGE_SCORER
 
 
-def rouge_scores(reference: str, generated: str) -> dict[str, float]:
-    """ROUGE-1/2/L F1 x 100 of ``generated`` against ``reference``.
-
-    Google ``rouge_score`` with Porter stemming; ``rougeL`` is sentence-level LCS
-    (not ``rougeLsum``).  Called as ``score(target=reference, prediction=generated)``.
-    F1 = 2PR/(P+R).  An empty (blank) generation scores 0 on all three.
-    Note: the scorer's tokenizer keeps only lowercase [a-z0-9] tokens.
-    """
+def _rouge_pair(reference: str, generated: str) -> dict[str, float]:
     if not generated.strip():
         return {k: 0.0 for k in ROUGE_TYPES}
     s = _rouge_scorer().score(reference, generated)
     return {k: 100.0 * float(s[k].fmeasure) for k in ROUGE_TYPES}
 
 
+def rouge_scores(a: Any, b: Any) -> Any:
+    """ROUGE-1/2/L F1 x 100 (Google ``rouge_score``, Porter stemming, ``rougeL`` = sentence-level LCS, not
+    ``rougeLsum``; called as ``score(target=reference, prediction=generated)``; an empty (blank) generation
+    scores 0 on all three; the scorer's tokenizer keeps only lower-case [a-z0-9] tokens).
+
+    Two call forms:
+
+    * ``rouge_scores(preds, refs)`` with two equal-length sequences of strings -> one dict per pair
+      (``preds`` = generations, ``refs`` = references);
+    * ``rouge_scores(reference, generated)`` with two strings -> one dict (the original single-pair form;
+      note the reversed order: reference first).
+    """
+    if isinstance(a, str) and isinstance(b, str):
+        return _rouge_pair(a, b)
+    if isinstance(a, str) or isinstance(b, str):
+        raise TypeError("rouge_scores takes two strings (reference, generated) or two sequences (preds, refs)")
+    preds, refs = list(a), list(b)
+    if len(preds) != len(refs):
+        raise ValueError(f"preds has {len(preds)} texts but refs has {len(refs)}")
+    return [_rouge_pair(r, p) for p, r in zip(preds, refs)]
+
+
+def rouge_aggregate(rows: Iterable[Mapping[str, float]], mode: str = "default") -> dict[str, float]:
+    """Mean of per-sample ROUGE rows (``{"rouge1", "rouge2", "rougeL"}`` x 100).
+
+    ``default``: mean of the unrounded scores (the authors' run script). ``authors``: mean of the per-sample
+    scores rounded to 2 decimals with Python's ``round`` (their merge script, which recomputes the means from
+    the rounded per-sample records it merges — what produced the sharded paper numbers).
+    """
+    _check_mode(mode)
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rouge_aggregate needs at least one row, got none")
+    f = (lambda x: round(float(x), 2)) if mode == "authors" else float
+    return {k: sum(f(r[k]) for r in rows) / len(rows) for k in ROUGE_TYPES}
+
+
 def mean_rouge(pairs: Iterable[tuple[str, str]]) -> dict[str, float]:
     """Mean over samples of :func:`rouge_scores`; ``pairs`` are ``(reference, generated)``."""
-    rows = [rouge_scores(ref, gen) for ref, gen in pairs]
+    rows = [_rouge_pair(ref, gen) for ref, gen in pairs]
     if not rows:
         raise ValueError("mean_rouge needs at least one (reference, generated) pair, got none")
     return {k: float(np.mean([r[k] for r in rows])) for k in ROUGE_TYPES}
@@ -249,14 +352,19 @@ def mean_rouge(pairs: Iterable[tuple[str, str]]) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- calibration
 
-def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15) -> float:
+def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15, *, mode: str = "default") -> float:
     """ECE = sum_b (n_b / N) * |acc_b - conf_b| over ``n_bins`` equal-width bins.
 
     Bin b covers [b/B, (b+1)/B) and the last bin is [1 - 1/B, 1]; acc_b is the
     fraction correct and conf_b the mean confidence in bin b; empty bins add 0.
     ``confidences`` in [0, 1] and ``correct`` (bool or 0/1) may be lists, numpy
     arrays or torch tensors of equal length N >= 1.
+
+    ``mode="default"`` rejects a confidence outside [0, 1] (or NaN) with a
+    ValueError; ``mode="authors"`` reproduces their code: such a confidence
+    falls in no bin but still counts in N (so it silently lowers the ECE).
     """
+    _check_mode(mode)
     if int(n_bins) != n_bins or n_bins < 1:
         raise ValueError(f"n_bins must be an integer >= 1, got {n_bins}")
     conf = _to_1d(confidences, np.float64, "confidences")
@@ -265,7 +373,7 @@ def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15)
         raise ValueError(f"confidences has {conf.size} values but correct has {corr.size}")
     if conf.size == 0:
         raise ValueError("expected_calibration_error needs at least one sample, got none")
-    if not np.all((conf >= 0.0) & (conf <= 1.0)):  # also rejects NaN
+    if mode == "default" and not np.all((conf >= 0.0) & (conf <= 1.0)):  # also rejects NaN
         bad = conf[~((conf >= 0.0) & (conf <= 1.0))][0]
         raise ValueError(f"confidences must lie in [0, 1], got {bad}")
     if not np.all((corr == 0.0) | (corr == 1.0)):
@@ -273,6 +381,7 @@ def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15)
         raise ValueError(f"correct must be boolean / 0-1, got {bad}")
     edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
     idx = np.clip(np.searchsorted(edges, conf, side="right") - 1, 0, int(n_bins) - 1)
+    idx = np.where((conf >= 0.0) & (conf <= 1.0), idx, -1)  # out of range (authors mode): in N, in no bin
     ece = 0.0
     for b in range(int(n_bins)):
         sel = idx == b
@@ -327,7 +436,7 @@ def macro_fix_clean(results: Iterable[FixCleanResult]) -> dict[str, float | None
 
 
 def corrupt_random_tokens(
-    ids: Any, rate: float, rng: np.random.Generator, low: int, high: int
+    ids: Any, rate: float, rng: np.random.Generator, low: int, high: int, *, exclude: Iterable[int] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replace ``max(1, floor(n * rate))`` random positions by different random ids.
 
@@ -337,6 +446,8 @@ def corrupt_random_tokens(
     original id.  ``floor`` is taken of ``n * rate + 1e-9`` so that e.g.
     100 * 0.29 gives 29, not 28 (float round-off).  Returns
     ``(corrupted int64 array, positions int64 array)``; ``ids`` is not modified.
+    Ids in ``exclude`` (e.g. special tokens) are re-drawn too; without excluded
+    ids in range the draws are exactly those of the plain rule.
     """
     arr = _to_1d(ids, np.int64, "ids").copy()
     n = arr.size
@@ -351,13 +462,17 @@ def corrupt_random_tokens(
     if not high > low:
         raise ValueError(f"need low < high for the replacement range, got low={low}, high={high}")
     n_c = max(1, math.floor(n * rate_f + 1e-9))
+    bad = {int(x) for x in exclude}
     positions = np.sort(rng.choice(n, size=n_c, replace=False)).astype(np.int64)
     for pos in positions:
         orig = int(arr[pos])
-        if high - low == 1 and orig == low:
+        if not any(v != orig and v not in bad for v in range(low, min(high, low + len(bad) + 2))):
             raise ValueError(f"range [{low}, {high}) has no id different from {orig} at position {pos}")
         new = orig
-        while new == orig:
+        while new == orig or new in bad:
             new = int(rng.integers(low, high))
         arr[pos] = new
     return arr, positions
+
+
+from .genfailures import generation_failure_tags  # noqa: E402  (re-export; genfailures imports nothing from here)

@@ -14,6 +14,7 @@ import torch
 
 from ..config import RemaskConfig, SDEConfig
 from ..eval import metrics as M
+from ..eval.correction import aggregate_fix_clean, fix_clean_records
 from ..generation import SamplerChoice, run_sampler
 from ..sampling.common import PromptBatch
 from .tasks import TaskExample, render_prompt, response_words, score_response
@@ -128,25 +129,21 @@ def error_correction(models: Mapping[str, torch.nn.Module], tokenizer, examples:
     """Random-token error correction (paper T1): corrupt a fraction of a clean response's tokens with random word
     ids, one forward, argmax; Fix/Clean per text, macro-averaged over texts. Every model is read through its
     discrete path (wte, the authors' protocol); DSL models also through the converter's clean embeddings
-    W[:, id] + c, the input pathway DSL training actually adapted (the authors' probes never exercise it)."""
+    W[:, id] + c, the input pathway DSL training actually adapted (the authors' probes never exercise it).
+    The shared implementation is `dsl_llada.eval.correction` (one text per forward here, as before)."""
     rows = []
-    texts = [tokenizer.encode(ex.response, add_special_tokens=False) for ex in examples if ex.response.strip()]
+    texts = [ex.response for ex in examples if ex.response.strip()]
     paths = []
     for name, model in models.items():
         model.eval()
-        paths.append((name, model.logits_from_ids))
-        if hasattr(model, "context_embed"):  # a DSL model also reads clean tokens through its trained converter
-            paths.append((f"{name} (converter path)", lambda ids, m=model: m.backbone(m.context_embed(ids))))
-    for name, logits_fn in paths:
+        paths.append((name, model, "discrete"))
+        if hasattr(model, "converter"):  # a DSL model also reads clean tokens through its trained converter
+            paths.append((f"{name} (converter path)", model, "converter"))
+    for name, model, path in paths:
         for rate in rates:
-            results = []
-            for t, ids in enumerate(texts):
-                rng = np.random.default_rng(seed + t)
-                corrupted, _ = M.corrupt_random_tokens(ids, rate, rng, 0, n_words)
-                logits = logits_fn(torch.as_tensor(corrupted)[None])
-                pred = logits[0].argmax(-1).tolist()
-                results.append(M.fix_clean(ids, corrupted.tolist(), pred))
-            avg = M.macro_fix_clean(results)
+            recs = fix_clean_records(model, tokenizer, texts, rate=rate, path=path, seed=seed, batch_size=1,
+                                     id_range=(0, n_words))
+            avg = aggregate_fix_clean(recs)
             rows.append({"model": name, "rate": rate, "fix": 100 * (avg["fix"] or 0.0),
-                         "clean": 100 * (avg["clean"] or 0.0), "n_texts": len(texts)})
+                         "clean": 100 * (avg["clean"] or 0.0), "n_texts": len(recs)})
     return rows

@@ -1,0 +1,83 @@
+"""`dsl-llada eval run|report`: argument parsing only (the runner lives in dsl_llada.eval.runner).
+
+    dsl-llada eval run --config configs/eval/toy-generation.yaml --out runs/toy-gen
+    accelerate launch -m dsl_llada eval run --config configs/eval/paper-summarization.yaml --out runs/summ
+    dsl-llada eval report runs/summ
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+EPILOG = """\
+overrides are dotted EvalConfig keys; list elements by name or index, e.g.
+  batch_size=4 nfe=[8,16] seeds=[42,123] scoring_mode=authors device=cpu
+  tasks.summarization.datasets.xsum.limit=20 methods.DSL-SDE.options.eta=0 models.dsl.path=/models/dsl
+
+resume: run the same command again (finished items are kept and never re-run).
+multi-process: accelerate launch [--multi_gpu --num_processes N] -m dsl_llada eval run --config ... --out ...
+exit codes: 0 done, 2 bad configuration, data or output folder
+"""
+
+
+def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `eval` (with `run` and `report`) on the main `dsl-llada` CLI's subparsers."""
+    p = subparsers.add_parser("eval", help="run the paper's evaluations (sharded, resumable) and write reports",
+                              description="Evaluate models with the paper's protocols: generation, summarization, "
+                                          "reasoning, correction, probes.")
+    sub = p.add_subparsers(dest="eval_command", required=True)
+    r = sub.add_parser("run", help="run or resume an evaluation", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--config", "-c", required=True, metavar="FILE", help="evaluation preset (YAML/JSON EvalConfig), "
+                                                                          "e.g. configs/eval/toy-generation.yaml")
+    r.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted EvalConfig overrides (see below)")
+    r.add_argument("--out", "-o", default=None, metavar="DIR",
+                   help="run folder (default: eval-runs/<config name>); the same folder resumes")
+    r.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty folder that holds no run, or replace a run with another config")
+    r.add_argument("--new-run", action="store_true",
+                   help="the folder holds a run with another config: move its files to previous-<time>/ and start over")
+    r.add_argument("--no-report", action="store_true", help="do not write summary.json/summary.md/figures at the end")
+    r.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_eval_run)
+    s = sub.add_parser("report", help="summary.json, summary.md and figures of a run folder")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `dsl-llada eval run`")
+    s.add_argument("--mode", choices=["default", "authors"], default=None,
+                   help="scoring mode of the summary (default: the run's scoring_mode)")
+    s.set_defaults(func=cmd_eval_report)
+    from .judge_cli import add_judge_parser
+
+    add_judge_parser(sub)
+    return p
+
+
+def cmd_eval_run(a: argparse.Namespace) -> int:
+    from .config import load_eval_config
+    from .runner import run_eval
+
+    cfg = load_eval_config(a.config, a.overrides)
+    if a.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+        return 0
+    if a.overwrite and a.new_run:
+        raise ValueError("pass either --overwrite or --new-run, not both")
+    out = Path(a.out) if a.out else Path("eval-runs") / Path(a.config).stem
+    res = run_eval(cfg, out, overwrite=a.overwrite, new_run=a.new_run, progress=not a.quiet, report=not a.no_report)
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps({"run_dir": str(res.run_dir), "items": res.n_items, "run_now": res.n_run,
+                          "errors_now": res.n_errors, "world_size": res.world_size,
+                          "summary": None if a.no_report else str(res.run_dir / "summary.md")}))
+    return 0
+
+
+def cmd_eval_report(a: argparse.Namespace) -> int:
+    from .summary import write_report
+
+    s = write_report(a.run_dir, mode=a.mode)
+    print(json.dumps({"summary": str(Path(a.run_dir) / "summary.md"), "records": s["n_records"], "errors": s["n_errors"],
+                      "figures": [f for t in s["tasks"].values() for f in t.get("figures", [])]}))
+    return 0

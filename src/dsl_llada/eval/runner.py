@@ -1,0 +1,361 @@
+"""The evaluation runner: config -> work items -> length-bucketed batches -> sharded, resumable JSONL records.
+
+Work items are keyed (task, dataset, method, nfe, seed, sample id). Within one (task, dataset, method, nfe, seed)
+group the prompts are sorted by token length and cut into batches of `batch_size`; the batch list is fixed by the
+config alone, and batch j belongs to rank j % world_size. Sample i always uses a generator seeded seed + i, so
+records do not depend on the number of processes, and a batch is always run whole (a resumed batch is re-run with
+exactly its original rows; only its missing items are written), so a run killed at any moment and started again
+with the same command gives exactly the records of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import ConfigError
+from ..utils import atomic_write_text
+from ..utils import progress as progress_bar
+from . import records as R
+from .config import EvalConfig, MethodSpec, config_diff
+from .data import Sample
+from .tasks import get_task
+
+logger = logging.getLogger(__name__)
+
+OUR_FILES = (R.MARKER, R.RECORDS, R.SHARDS, "summary.json", "summary.md", "figures", "genppl_cache.jsonl")
+
+
+def item_key(task: str, dataset: str, method: str, nfe: int, seed: int, sample_id: str) -> str:
+    return f"{task}|{dataset}|{method}|{nfe}|{seed}|{sample_id}"
+
+
+@dataclass
+class Batch:
+    """Rows of one (task, dataset, method, nfe, seed) group that run in one sampler call."""
+
+    task: str
+    dataset: str
+    method: MethodSpec | None
+    """The sampling method (None for one-forward tasks: correction, probes)."""
+    model: str
+    label: str
+    """The method slot of the keys: the method name, or the model name for one-forward tasks."""
+    nfe: int
+    seed: int
+    gen_length: int
+    choice: Any
+    samples: list[Sample]
+    keys: list[str] = field(default_factory=list)
+    variant: str = ""
+    """One-forward tasks: the variant label (e.g. 'rate0.3/discrete'); part of the key's dataset slot."""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """Every batch of the run in execution order, and every item key in record order."""
+
+    batches: list[Batch]
+    order: list[str]
+    prompt_ids: dict[tuple[str, str, str, str], list[int]]
+    """(task, dataset, model, sample id) -> encoded prompt."""
+
+
+def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
+    """Read every dataset, validate every (method, NFE, length) and lay out the batches. Raises before any model
+    is loaded when data or settings are bad."""
+    from .methods import sampler_for
+
+    groups: list[tuple[int, int, Batch]] = []
+    order: list[str] = []
+    prompt_ids: dict[tuple[str, str, str, str], list[int]] = {}
+    model_rank = {m.name: i for i, m in enumerate(cfg.models)}
+    for ti, tspec in enumerate(cfg.tasks):
+        task = get_task(tspec.name)
+        task.check_options(tspec.options)
+        for ds in tspec.datasets:
+            samples = task.samples(ds, tspec.options)
+            if not getattr(task, "sampling", True):
+                _plan_forward_task(cfg, tspec, task, ds, samples, ti, model_rank, groups, order)
+                continue
+            L = task.gen_length(ds)
+            for method in cfg.task_methods(tspec):
+                tok = tokenizers[method.model]
+                for s in samples:
+                    k = (tspec.name, ds.name, method.model, s.id)
+                    if k not in prompt_ids:
+                        prompt_ids[k] = _encode(tok, s.prompt, s.chat and cfg.chat_template)
+                for nfe in cfg.method_nfes(method):
+                    choice = sampler_for(method, nfe, L)
+                    for seed in cfg.seeds:
+                        keys = [item_key(tspec.name, ds.name, method.name, nfe, seed, s.id) for s in samples]
+                        order += keys
+                        by_key = dict(zip(keys, samples))
+                        ranked = sorted(keys, key=lambda k: (len(prompt_ids[(tspec.name, ds.name, method.model,
+                                                                             by_key[k].id)]), by_key[k].index))
+                        for b in range(0, len(ranked), cfg.batch_size):
+                            chunk = ranked[b:b + cfg.batch_size]
+                            groups.append((model_rank[method.model], ti, Batch(
+                                tspec.name, ds.name, method, method.model, method.name, nfe, seed, L, choice,
+                                [by_key[k] for k in chunk], chunk)))
+    # one model at a time: batches of the same model run together (stable within a model)
+    groups.sort(key=lambda g: g[0])
+    return Plan([g[2] for g in groups], order, prompt_ids)
+
+
+def _plan_forward_task(cfg: EvalConfig, tspec, task, ds, samples: list[Sample], ti: int, model_rank: dict[str, int],
+                       groups: list, order: list[str]) -> None:
+    """Items of a one-forward task: per model (those of the task's methods, each once) x variant x seed x text."""
+    models = list(dict.fromkeys(m.model for m in cfg.task_methods(tspec) if cfg.model(m.model).kind == "diffusion"))
+    if not models:
+        raise ConfigError(f"task {tspec.name!r} needs a diffusion model; its methods use only causal LMs")
+    for model in models:
+        for label, params in task.variants(ds, tspec.options, cfg.model(model)):
+            dslot = f"{ds.name}/{label}"
+            for seed in cfg.seeds:
+                keys = [item_key(tspec.name, dslot, model, 0, seed, s.id) for s in samples]
+                order += keys
+                for b in range(0, len(samples), cfg.batch_size):
+                    groups.append((model_rank[model], ti, Batch(tspec.name, ds.name, None, model, model, 0, seed, 0, None,
+                                                                samples[b:b + cfg.batch_size], keys[b:b + cfg.batch_size],
+                                                                label, params)))
+
+
+def _encode(tok, text: str, chat: bool) -> list[int]:
+    from ..generation import encode_prompt
+
+    return encode_prompt(tok, text, chat_template=chat)
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, new_run: bool = False) -> None:
+    """Refuse a folder holding something else or a run with another config; write the marker. Rank 0 only."""
+    run_dir = Path(run_dir)
+    marker = run_dir / R.MARKER
+    new = cfg.to_dict()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"output path {str(run_dir)!r} exists and is not a folder")
+    if marker.exists():
+        try:
+            old = json.loads(marker.read_text())["config"]
+        except (json.JSONDecodeError, KeyError):
+            old = None
+        diff = config_diff(old, new) if old is not None else ["(unreadable eval_run.json)"]
+        if diff:
+            if new_run:
+                stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+                dest = run_dir / f"previous-{stamp}"
+                dest.mkdir()
+                for name in OUR_FILES:
+                    if (run_dir / name).exists():
+                        os.replace(run_dir / name, dest / name)
+                logger.info("moved the previous run's files to %s", dest)
+            elif overwrite:
+                _remove_ours(run_dir)
+            else:
+                raise ConfigError(f"{run_dir} holds an evaluation run with a different config (differing: "
+                                  f"{', '.join(diff[:12])}{' ...' if len(diff) > 12 else ''}); run the same config to "
+                                  f"resume, pass --new-run to move the old records aside and start over, or use another --out")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise ValueError(f"output folder {str(run_dir)!r} is not empty and holds no dsl-llada evaluation run; "
+                             f"choose another --out, or pass --overwrite to write into it")
+        _remove_ours(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(marker, json.dumps({"format": R.FORMAT, "version": __version__, "config": new}, indent=2,
+                                         sort_keys=True) + "\n")
+
+
+def _remove_ours(run_dir: Path) -> None:
+    for name in OUR_FILES:
+        p = run_dir / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+# --------------------------------------------------------------------------- execution
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    n_items: int
+    n_run: int
+    n_errors: int
+    world_size: int
+
+
+def _state():
+    """accelerate's process state (one process without a launcher; gloo on CPU, NCCL on GPUs under one)."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, new_run: bool = False,
+             progress: bool = True, report: bool = True) -> RunResult:
+    """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`."""
+    from . import models as M
+
+    run_dir = Path(run_dir)
+    state = _state()
+    rank, world = state.process_index, state.num_processes
+    device = _device(cfg, state)
+    # validate data and settings on every rank before touching the folder (all ranks fail alike)
+    tokenizers = {m.name: M.load_tokenizer_for(m) for m in cfg.models
+                  if any(meth.model == m.name for t in cfg.tasks for meth in cfg.task_methods(t))}
+    plan = build_plan(cfg, tokenizers)
+    err: Exception | None = None
+    if state.is_main_process:
+        try:
+            prepare_run_dir(run_dir, cfg, overwrite=overwrite, new_run=new_run)
+        except Exception as e:  # noqa: BLE001  (re-raised on every rank below, after the barrier)
+            err = e
+    state.wait_for_everyone()
+    if err is not None:
+        raise err
+    if not (run_dir / R.MARKER).exists() or config_diff(json.loads((run_dir / R.MARKER).read_text())["config"], cfg.to_dict()):
+        raise ConfigError(f"{run_dir}: the run folder was not prepared for this config (another rank failed?)")
+    done = set(R.read_shards(run_dir))
+    mine = [b for j, b in enumerate(plan.batches) if j % world == rank and any(k not in done for k in b.keys)]
+    writer = R.ShardWriter(R.shard_path(run_dir, rank))
+    n_run = n_err = 0
+    try:
+        for b, loaded in _with_models(mine, cfg, device, progress and rank == 0):
+            recs = _run_one(b, loaded, plan, cfg)
+            todo = [r for r in recs if r["key"] not in done]
+            writer.write_many(todo)
+            n_run += len(todo)
+            n_err += sum(r["error"] is not None for r in todo)
+    finally:
+        writer.close()
+    state.wait_for_everyone()
+    if state.is_main_process:
+        merged = R.merge(run_dir, plan.order)
+        missing = len(plan.order) - len(merged)
+        if missing:
+            raise RuntimeError(f"{missing} work items have no record after the run (a rank died?); run the same command "
+                               f"again to finish them")
+        if report:
+            from .summary import write_report
+
+            write_report(run_dir)
+    state.wait_for_everyone()
+    return RunResult(run_dir, len(plan.order), n_run, n_err, world)
+
+
+def _device(cfg: EvalConfig, state) -> str:
+    if cfg.device is None:
+        return str(state.device)
+    if cfg.device == "cuda" and state.device.type == "cuda":
+        return str(state.device)  # one GPU per rank
+    return cfg.device
+
+
+def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: bool) -> Iterator[tuple[Batch, Any]]:
+    """Yield (batch, loaded model), loading each model once (batches arrive grouped by model)."""
+    from . import models as M
+
+    current = None
+    checked: set[str] = set()
+    bar = progress_bar(batches, total=len(batches), desc="eval batches", enabled=progress)
+    for b in bar:
+        name = b.model
+        if current is None or current.spec.name != name:
+            if current is not None:
+                current = None  # drop the previous model before loading the next (no gc.collect: it costs ~0.7 s)
+                if device.startswith("cuda"):
+                    import torch
+
+                    torch.cuda.empty_cache()
+            logger.info("loading model %r on %s", name, device)
+            current = M.load(cfg.model(name), device)
+        if b.method is not None and b.method.name not in checked:
+            M.check_method(current, b.method)
+            checked.add(b.method.name)
+        yield b, current
+
+
+def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, Any]]:
+    """Run one batch whole; when the batch raises, run its rows one by one and record each row's error."""
+    from . import models as M
+
+    task = get_task(b.task)
+    if b.method is None:
+        return _run_forward(b, loaded, task, cfg)
+    ids = [plan.prompt_ids[(b.task, b.dataset, b.model, s.id)] for s in b.samples]
+    seeds = [b.seed + s.index for s in b.samples]
+    t0 = time.perf_counter()
+    try:
+        out = M.run_batch(loaded, b.method, b.choice, ids, seeds)
+        dt = time.perf_counter() - t0
+        outs = [(resp, out.nfe, out.forward_passes, dt / len(ids), dt, len(ids), None) for resp in out.responses]
+    except Exception as e:  # noqa: BLE001
+        logger.warning("batch of %d (%s, %s, %s, nfe %d) raised %s; running its rows one by one", len(ids), b.task,
+                       b.dataset, b.method.name, b.nfe, e)
+        outs = []
+        for one, seed in zip(ids, seeds):
+            t1 = time.perf_counter()
+            try:
+                o = M.run_batch(loaded, b.method, b.choice, [one], [seed])
+                d = time.perf_counter() - t1
+                outs.append((o.responses[0], o.nfe, o.forward_passes, d, d, 1, None))
+            except Exception as e1:  # noqa: BLE001
+                d = time.perf_counter() - t1
+                outs.append((None, None, None, d, d, 1, f"{type(e1).__name__}: {e1}"))
+    recs = []
+    for s, key, p_ids, (resp, nfe, fwd, sec, bsec, bsz, error) in zip(b.samples, b.keys, ids, outs):
+        text = "" if resp is None else loaded.tokenizer.decode(resp, skip_special_tokens=True)
+        metrics = None
+        if error is None:
+            try:
+                metrics = task.item_metrics(s.info, text, cfg.scoring_mode)
+            except Exception as e:  # noqa: BLE001
+                error = f"metrics: {type(e).__name__}: {e}"
+        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe, "seed": b.seed, "sample_id": s.id, "index": s.index,
+                     "gen_length": b.gen_length, "prompt_tokens": len(p_ids), "text": text, "ids": resp,
+                     "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
+                     "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
+                     "info": s.info})
+    return recs
+
+
+def _run_forward(b: Batch, loaded, task, cfg: EvalConfig) -> list[dict[str, Any]]:
+    """One-forward tasks: the task scores the batch; a raising batch is retried row by row."""
+    t0 = time.perf_counter()
+    try:
+        outs = task.run_batch(loaded, b.samples, b.params, b.seed, cfg.scoring_mode)
+        dt = time.perf_counter() - t0
+        timed = [(m, e, dt / len(b.samples), dt, len(b.samples)) for m, e in outs]
+    except Exception as e:  # noqa: BLE001
+        logger.warning("batch of %d (%s, %s/%s) raised %s; running its rows one by one", len(b.samples), b.task,
+                       b.dataset, b.variant, e)
+        timed = []
+        for s in b.samples:
+            t1 = time.perf_counter()
+            try:
+                (m, err), = task.run_batch(loaded, [s], b.params, b.seed, cfg.scoring_mode)
+            except Exception as e1:  # noqa: BLE001
+                m, err = None, f"{type(e1).__name__}: {e1}"
+            d = time.perf_counter() - t1
+            timed.append((m, err, d, d, 1))
+    return [{"key": key, "task": b.task, "dataset": b.dataset, "variant": b.variant, "method": b.label, "model": b.model,
+             "nfe": 0, "seed": b.seed, "sample_id": s.id, "index": s.index, "params": b.params, "text": "", "ids": None,
+             "n_tokens": None, "forward_passes": None if err else 1, "seconds": sec, "batch_seconds": bsec,
+             "batch_size": bsz, "error": err, "metrics": m, "info": s.info}
+            for s, key, (m, err, sec, bsec, bsz) in zip(b.samples, b.keys, timed)]

@@ -1,0 +1,76 @@
+"""`dsl-llada eval report RUN_DIR`: summary.json, summary.md (paper table layouts: methods x NFE with sample and
+valid counts) and PNG figures, from a run's merged records. Every artifact carries the full config and the
+package version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..utils import atomic_write_text
+from . import records as R
+from .config import EvalConfig
+from .tasks import SummaryContext, get_task
+
+
+def load_run(run_dir: str | Path) -> tuple[EvalConfig, dict[str, Any], list[dict[str, Any]]]:
+    """(config, marker, merged records) of a run folder."""
+    run_dir = Path(run_dir)
+    marker = run_dir / R.MARKER
+    if not marker.exists():
+        raise FileNotFoundError(f"{marker} does not exist: {str(run_dir)!r} is not a `dsl-llada eval run` folder")
+    meta = json.loads(marker.read_text())
+    return EvalConfig.from_dict(meta["config"]), meta, R.read_records(run_dir)
+
+
+def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, Any]:
+    """Summarise every task of the run; returns the summary dict (also written to summary.json)."""
+    run_dir = Path(run_dir)
+    cfg, meta, records = load_run(run_dir)
+    mode = mode or cfg.scoring_mode
+    figures_dir = run_dir / "figures"
+    figures_dir.mkdir(exist_ok=True)
+    summary: dict[str, Any] = {"version": __version__, "run_version": meta.get("version"), "scoring_mode": mode,
+                               "config": cfg.to_dict(), "n_records": len(records),
+                               "n_errors": sum(r.get("error") is not None for r in records), "tasks": {}}
+    md = [f"# Evaluation report: {run_dir.name}", "",
+          f"dsl-llada {__version__} (run written by {meta.get('version')}); scoring mode `{mode}`; "
+          f"{len(records)} records, {summary['n_errors']} with errors.", ""]
+    for tspec in cfg.tasks:
+        recs = [r for r in records if r["task"] == tspec.name]
+        if not recs:
+            continue
+        res = get_task(tspec.name).summarize(recs, SummaryContext(cfg, tspec, run_dir, mode, figures_dir))
+        summary["tasks"][tspec.name] = {"rows": res.rows, "figures": res.figures, **res.extra}
+        md += [f"## {tspec.name}", "", res.markdown, ""]
+        md += [f"![{f}]({f})" for f in res.figures] + [""]
+    errors = [r for r in records if r.get("error")]
+    if errors:
+        md += ["## Errors", "", "| item | error |", "|---|---|"]
+        md += [f"| {r['key']} | {r['error'][:200].replace('|', '/')} |" for r in errors[:50]]
+        md += [f"| … | {len(errors) - 50} more |"] if len(errors) > 50 else []
+        md.append("")
+    md += ["## Config", "", "```json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True), "```", ""]
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write_text(run_dir / "summary.md", "\n".join(md))
+    _stamp_figures(run_dir, summary)
+    return summary
+
+
+def _stamp_figures(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write the config + version into every PNG's metadata (tEXt chunk 'dsl-llada'), atomically."""
+    from PIL import Image, PngImagePlugin
+
+    text = json.dumps({"version": summary["version"], "config": summary["config"]}, sort_keys=True)
+    for t in summary["tasks"].values():
+        for f in t.get("figures", []):
+            p = run_dir / f
+            img = Image.open(p)
+            img.load()
+            info = PngImagePlugin.PngInfo()
+            info.add_text("dsl-llada", text)
+            tmp = p.with_name(f".{p.name}.tmp.png")
+            img.save(tmp, pnginfo=info)
+            tmp.replace(p)

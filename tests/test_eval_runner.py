@@ -1,0 +1,134 @@
+"""The evaluation runner on a tiny LLaDA-architecture model with a real (test-time trained) BPE tokenizer over
+slices of the real evaluation files: records, batching invariance, resume, refusals and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
+
+from dsl_llada.eval.config import EvalConfig
+from dsl_llada.eval.records import read_records
+from dsl_llada.eval.runner import run_eval
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TIMING = ("seconds", "batch_seconds", "batch_size")
+
+
+@pytest.fixture
+def models(eval_models):  # noqa: F811
+    """The session's tiny model folders."""
+    return eval_models
+
+
+def gen_task(limit: int = 5, gen_length: int = 16) -> dict:
+    d = data_dir()
+    return {"name": "generation", "datasets": [{"name": "prompts", "path": str(d / "prompts_200.jsonl"), "limit": limit,
+                                                "gen_length": gen_length}]}
+
+
+def strip(recs):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in recs]
+
+
+def test_generation_records(models, tmp_path):
+    cfg = EvalConfig.from_dict(base_config(models, [gen_task()]))
+    res = run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    assert res.n_items == len(recs) == 10 and res.n_run == 10
+    assert [r["method"] for r in recs] == ["DSL-SDE"] * 5 + ["LLaDA"] * 5
+    assert [r["sample_id"] for r in recs[:5]] == ["0", "1", "2", "3", "4"]
+    for r in recs:
+        assert r["error"] is None
+        assert len(r["ids"]) == r["n_tokens"] <= 16
+        assert r["forward_passes"] == (5 if r["method"] == "DSL-SDE" else 4)
+        assert r["metrics"]["words"] == len(r["text"].split())
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = s["tasks"]["generation"]["rows"]
+    assert {(r["method"], r["nfe"], r["n"]) for r in rows} == {("DSL-SDE", 4, 5), ("LLaDA", 4, 5)}
+    assert s["config"] == cfg.to_dict()
+    assert "| method | nfe 4 |" in (tmp_path / "run" / "summary.md").read_text()
+    from PIL import Image
+
+    png = Image.open(tmp_path / "run" / s["tasks"]["generation"]["figures"][0])
+    stamp = json.loads(png.info["dsl-llada"])  # every figure carries the config and the version
+    assert stamp["config"] == cfg.to_dict() and stamp["version"] == s["version"]
+
+
+def test_batching_does_not_change_records(models, tmp_path):
+    """Per-row generators: batch size 1 and 3 give the same tokens (a different seed gives different ones)."""
+    one = EvalConfig.from_dict(base_config(models, [gen_task(4)], batch_size=1))
+    three = EvalConfig.from_dict(base_config(models, [gen_task(4)], batch_size=3))
+    other = EvalConfig.from_dict(base_config(models, [gen_task(4)], batch_size=3, seeds=[7]))
+    run_eval(one, tmp_path / "b1", progress=False, report=False)
+    run_eval(three, tmp_path / "b3", progress=False, report=False)
+    run_eval(other, tmp_path / "s7", progress=False, report=False)
+    ids1 = [r["ids"] for r in read_records(tmp_path / "b1")]
+    ids3 = [r["ids"] for r in read_records(tmp_path / "b3")]
+    ids7 = [r["ids"] for r in read_records(tmp_path / "s7")]
+    assert ids1 == ids3
+    assert ids7[:4] != ids3[:4]  # the SDE rows depend on the seed
+
+
+def test_resume_after_torn_writes(models, tmp_path):
+    """Cut the shard anywhere (mid-line, mid-batch): the same command finishes with exactly the records of an
+    uninterrupted run and re-runs only what is missing."""
+    cfg = EvalConfig.from_dict(base_config(models, [gen_task(5)], batch_size=2))
+    run_eval(cfg, tmp_path / "full", progress=False, report=False)
+    full = read_records(tmp_path / "full")
+    run = tmp_path / "cut"
+    run_eval(cfg, run, progress=False, report=False)
+    shard = run / "shards" / "rank-0.jsonl"
+    data = shard.read_bytes()
+    lines = data.split(b"\n")
+    keep = b"\n".join(lines[:3]) + b"\n" + lines[3][: len(lines[3]) // 2]  # 3 records + half a line
+    shard.write_bytes(keep)
+    (run / "records.jsonl").unlink()
+    res = run_eval(cfg, run, progress=False, report=False)
+    assert res.n_run == len(full) - 3
+    assert strip(read_records(run)) == strip(full)
+    assert shard.read_bytes().count(b"\n") == len(full)  # the torn half line was cut, nothing duplicated
+    again = run_eval(cfg, run, progress=False, report=False)
+    assert again.n_run == 0 and strip(read_records(run)) == strip(full)
+
+
+def test_changed_config_and_foreign_folder_are_refused(models, tmp_path):
+    from dsl_llada.config import ConfigError
+
+    cfg = EvalConfig.from_dict(base_config(models, [gen_task(2)]))
+    run_eval(cfg, tmp_path / "run", progress=False, report=False)
+    changed = EvalConfig.from_dict(base_config(models, [gen_task(2, gen_length=8)], nfe=[8]))
+    with pytest.raises(ConfigError, match=r"differing: nfe, tasks\.generation\.datasets\.prompts\.gen_length"):
+        run_eval(changed, tmp_path / "run", progress=False, report=False)
+    res = run_eval(changed, tmp_path / "run", new_run=True, progress=False, report=False)
+    assert res.n_run == 4
+    prev = [p for p in (tmp_path / "run").iterdir() if p.name.startswith("previous-")]
+    assert len(prev) == 1 and len(read_records(prev[0])) == 4  # the old records were kept
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty and holds no dsl-llada evaluation run"):
+        run_eval(cfg, foreign, progress=False, report=False)
+    run_eval(cfg, foreign, overwrite=True, progress=False, report=False)
+    assert (foreign / "notes.txt").read_text() == "mine"  # --overwrite replaces only what the runner writes
+
+
+def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path):
+    d = data_dir()
+    rows = [json.loads(x) for x in (d / "prompts_200.jsonl").read_text().splitlines()[:3]]
+    rows[1]["prompt"] = " ".join([rows[1]["prompt"]] * 400)  # far beyond the model's 2048-token context
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = {"name": "generation", "datasets": [{"name": "p", "path": str(path), "kind": "prompts", "gen_length": 8}]}
+    cfg = EvalConfig.from_dict(base_config(models, [task], methods=[{"name": "LLaDA", "model": "llada",
+                                                                   "preset": "llada"}], batch_size=3))
+    res = run_eval(cfg, tmp_path / "run", progress=False)
+    recs = read_records(tmp_path / "run")
+    assert res.n_errors == 1
+    assert [r["error"] is None for r in recs] == [True, False, True]
+    assert "exceeds the model's context of 2048" in recs[1]["error"] and recs[1]["ids"] is None
+    assert all(len(r["ids"]) <= 8 for r in (recs[0], recs[2]))
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    row = s["tasks"]["generation"]["rows"][0]
+    assert (row["n"], row["errors"]) == (3, 1)
