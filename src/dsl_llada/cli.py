@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve.cli import add_serve_parser  # noqa: PLC0415
 
     add_serve_parser(sub)
+    from .eval.lmeval_cli import add_lmeval_parser  # noqa: PLC0415
+
+    add_lmeval_parser(sub)
     return p
 
 

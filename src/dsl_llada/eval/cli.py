@@ -49,6 +49,9 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=["default", "authors"], default=None,
                    help="scoring mode of the summary (default: the run's scoring_mode)")
     s.set_defaults(func=cmd_eval_report)
+    from .judge_cli import add_judge_parser
+
+    add_judge_parser(sub)
     return p
 
 

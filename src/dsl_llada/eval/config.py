@@ -22,7 +22,7 @@ from typing import Any, Literal
 from ..config import ConfigBase, ConfigError
 from ..utils import atomic_write_text
 
-TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes")
+TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
 MODEL_KINDS = ("diffusion", "causal-lm")
 SCORING_MODES = ("default", "authors")
 

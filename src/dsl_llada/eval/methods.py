@@ -51,9 +51,10 @@ def sampler_for(method: MethodSpec, nfe: int, gen_length: int):
 
     p = method.preset
     if p == "ar":
-        bad = sorted(set(method.options) - {"repetition_penalty"})
+        bad = sorted(set(method.options) - {"repetition_penalty", "use_cache"})
         if bad:
-            raise ConfigError(f"method {method.name!r}: unknown option(s) {bad} for preset 'ar'; valid: ['repetition_penalty']")
+            raise ConfigError(f"method {method.name!r}: unknown option(s) {bad} for preset 'ar'; "
+                              "valid: ['repetition_penalty', 'use_cache']")
         return {"max_new_tokens": gen_length, **method.options}
     if p == "dsl-sde":
         _check_options(method, SDEConfig)

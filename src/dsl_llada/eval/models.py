@@ -141,7 +141,8 @@ def _run_ar(loaded: Loaded, settings: dict[str, Any], prompt_ids: Sequence[Seque
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(loaded.device), attention_mask=attn.to(loaded.device), do_sample=False,
                              max_new_tokens=settings["max_new_tokens"], pad_token_id=pad,
-                             repetition_penalty=settings.get("repetition_penalty", 1.0))
+                             repetition_penalty=settings.get("repetition_penalty", 1.0),
+                             use_cache=settings.get("use_cache", True))
     gen = out[:, P:].cpu()
     stops = {t for t in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)) if t is not None}
     flat: set[int] = set()

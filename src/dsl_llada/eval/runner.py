@@ -103,8 +103,9 @@ def build_plan(cfg: EvalConfig, tokenizers: dict[str, Any]) -> Plan:
                         by_key = dict(zip(keys, samples))
                         ranked = sorted(keys, key=lambda k: (len(prompt_ids[(tspec.name, ds.name, method.model,
                                                                              by_key[k].id)]), by_key[k].index))
-                        for b in range(0, len(ranked), cfg.batch_size):
-                            chunk = ranked[b:b + cfg.batch_size]
+                        bs = getattr(task, "batch_size", None) or cfg.batch_size  # walltime: one per call
+                        for b in range(0, len(ranked), bs):
+                            chunk = ranked[b:b + bs]
                             groups.append((model_rank[method.model], ti, Batch(
                                 tspec.name, ds.name, method, method.model, method.name, nfe, seed, L, choice,
                                 [by_key[k] for k in chunk], chunk)))
@@ -235,9 +236,10 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
     mine = [b for j, b in enumerate(plan.batches) if j % world == rank and any(k not in done for k in b.keys)]
     writer = R.ShardWriter(R.shard_path(run_dir, rank))
     n_run = n_err = 0
+    warmed: set[tuple[str, str, int]] = set()
     try:
         for b, loaded in _with_models(mine, cfg, device, progress and rank == 0):
-            recs = _run_one(b, loaded, plan, cfg)
+            recs = _run_one(b, loaded, plan, cfg, warmed)
             todo = [r for r in recs if r["key"] not in done]
             writer.write_many(todo)
             n_run += len(todo)
@@ -291,8 +293,17 @@ def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: b
         yield b, current
 
 
-def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, Any]]:
-    """Run one batch whole; when the batch raises, run its rows one by one and record each row's error."""
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
+             warmed: set[tuple[str, str, int]] | None = None) -> list[dict[str, Any]]:
+    """Run one batch whole; when the batch raises, run its rows one by one and record each row's error.
+    Tasks with `warmup` (walltime) get one untimed call per (model, method, NFE) first and record peak memory."""
     from . import models as M
 
     task = get_task(b.task)
@@ -300,9 +311,18 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, An
         return _run_forward(b, loaded, task, cfg)
     ids = [plan.prompt_ids[(b.task, b.dataset, b.model, s.id)] for s in b.samples]
     seeds = [b.seed + s.index for s in b.samples]
+    timing = getattr(task, "warmup", False)
+    if timing and warmed is not None and (b.model, b.method.name, b.nfe) not in warmed:
+        warmed.add((b.model, b.method.name, b.nfe))
+        try:
+            M.run_batch(loaded, b.method, b.choice, ids, seeds)
+        except Exception:  # noqa: BLE001  (the timed call below records the error)
+            pass
+    _sync(loaded.device)
     t0 = time.perf_counter()
     try:
         out = M.run_batch(loaded, b.method, b.choice, ids, seeds)
+        _sync(loaded.device)
         dt = time.perf_counter() - t0
         outs = [(resp, out.nfe, out.forward_passes, dt / len(ids), dt, len(ids), None) for resp in out.responses]
     except Exception as e:  # noqa: BLE001
@@ -332,6 +352,10 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig) -> list[dict[str, An
                      "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
                      "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
                      "info": s.info})
+        if timing:
+            from .walltime import peak_memory_mib
+
+            recs[-1]["peak_mem_mib"] = peak_memory_mib(loaded.device)
     return recs
 
 

@@ -27,7 +27,12 @@ def get_task(name: str):
         from .probes import ProbesTask
 
         return ProbesTask()
-    raise ValueError(f"task {name!r} is not valid; expected one of generation, summarization, reasoning, correction, probes")
+    if name == "walltime":
+        from .walltime import WalltimeTask  # noqa: PLC0415
+
+        return WalltimeTask()
+    raise ValueError(f"task {name!r} is not valid; expected one of generation, summarization, reasoning, correction, "
+                     "probes, walltime")
 
 
 __all__ = ["SamplingTask", "SummaryContext", "TaskSummary", "get_task"]

@@ -1,0 +1,210 @@
+"""lm-evaluation-harness adapter: `--model dsl-llada` (needs the `[lmeval]` extra: `pip install lm-eval`).
+
+- `generate_until`: any of this project's samplers, batched; the prompt goes through the tokenizer's chat template
+  when it has one (`chat_template=False` to turn that off); stop strings are applied after decoding. The sampler's
+  `gen_length` is the one of the configured sampler (a request's `max_gen_toks` only shortens the decoded text).
+- `loglikelihood`: the masked-diffusion Monte Carlo bound of `dsl_llada.eval.likelihood` (exact for one-token
+  continuations); `is_greedy` from one pass with the whole continuation masked.
+- `loglikelihood_rolling`: the same bound summed over rolling windows, so perplexity tasks work.
+Requests longer than the context are truncated from the left (the harness's convention), with one warning.
+Under `accelerate launch` each process takes its share of the requests (lm-eval splits them by rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from ..config import RemaskConfig, SDEConfig
+from ..generation import SamplerChoice, encode_prompt, load_model, load_tokenizer, parse_dtype, run_sampler
+from ..sampling.common import PromptBatch
+from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
+
+log = logging.getLogger(__name__)
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the lm-evaluation-harness adapter needs `pip install 'dsl-llada[lmeval]'` (lm-eval)") from e
+
+
+def _coerce(value: Any, kind: Any) -> Any:
+    """A string from `--model_args` as the dataclass field's type."""
+    if not isinstance(value, str):
+        return value
+    text = str(kind)
+    if value.lower() in ("none", "null") and "None" in text:
+        return None
+    if "bool" in text:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true/false, got {value!r}")
+        return value.lower() in ("true", "1")
+    if "int" in text and "float" not in text:
+        return int(value)
+    if "float" in text:
+        return float(value)
+    return value
+
+
+def sampler_choice(sampler: str, **fields: Any) -> SamplerChoice:
+    """A typed sampler config from loose key/value settings (unknown keys are an error naming the valid ones)."""
+    cls = SDEConfig if sampler in ("sde", "block-sde") else RemaskConfig
+    known = {f.name: f.type for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {sorted(known)}")
+    kw = {k: _coerce(v, known[k]) for k, v in fields.items()}
+    if sampler == "remdm":
+        kw["remdm"] = True
+    if sampler == "block-sde" and not kw.get("block_length"):
+        raise ValueError("sampler 'block-sde' needs block_length > 0")
+    return SamplerChoice(sampler, cls(**kw))
+
+
+@register_model("dsl-llada")
+class DSLLadaLM(LM):
+    """A DSL checkpoint or a masked-diffusion backbone folder as an lm-eval model."""
+
+    def __init__(self, model_dir: str, tokenizer: str | None = None, sampler: str = "sde", batch_size: int | str = 8,
+                 mc_samples: int = 128, mc_batch_size: int = 32, seed: int = 42, device: str = "cpu",
+                 dtype: str | None = None, chat_template: bool | str = True, max_length: int | None = None,
+                 rolling_context: int | None = None, **sampler_fields: Any):
+        super().__init__()
+        dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+        self.model = load_model(model_dir, dtype=parse_dtype(dtype), device=device)
+        self.tok = load_tokenizer(tokenizer or model_dir)
+        self.choice = sampler_choice(sampler, **sampler_fields)
+        self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
+        self.mc_samples, self.mc_batch_size, self.seed = int(mc_samples), int(mc_batch_size), int(seed)
+        self.chat_template = chat_template if isinstance(chat_template, bool) else chat_template.lower() == "true"
+        bb = getattr(self.model, "backbone", self.model)
+        self.max_length = int(max_length or bb.max_length or 4096)
+        self.rolling_context = int(rolling_context) if rolling_context is not None else self.max_length // 2
+        self._device = torch.device(device)
+        self._warned = False
+        self._rank, self._world_size, self._state = 0, 1, None
+        try:
+            from accelerate import PartialState  # noqa: PLC0415
+
+            state = PartialState()
+            if state.num_processes > 1:
+                self._rank, self._world_size, self._state = state.process_index, state.num_processes, state
+        except (ImportError, RuntimeError):
+            pass
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "DSLLadaLM":
+        kw: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in arg_string.split(","))):
+            if "=" not in part:
+                raise ValueError(f"model_args item {part!r} is not key=value")
+            k, v = part.split("=", 1)
+            kw[k.strip()] = v.strip()
+        for k, v in (additional_config or {}).items():
+            if v is not None and k in ("batch_size", "device"):
+                kw.setdefault(k, v)
+        if "model_dir" not in kw:
+            raise ValueError("model_args needs model_dir=FOLDER")
+        ints = ("mc_samples", "mc_batch_size", "seed", "max_length", "rolling_context")
+        return cls(**{k: int(v) if k in ints else v for k, v in kw.items()})
+
+    # -- distributed hooks used by lm-eval's evaluator ----------------------------------------------------------
+    def all_gather(self, tensor):
+        if self._state is None:
+            return tensor
+        from accelerate.utils import gather  # noqa: PLC0415
+
+        return gather(tensor.reshape(1) if tensor.dim() == 0 else tensor)
+
+    def gather_object(self, obj, dst=0):
+        if self._state is None:
+            return [obj]
+        import torch.distributed as dist  # noqa: PLC0415
+
+        out = [None] * self._world_size if self._rank == dst else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
+
+    def barrier(self) -> None:
+        if self._state is not None:
+            self._state.wait_for_everyone()
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tok, "name_or_path", "dsl-llada")).replace("/", "__")
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _fit(self, req: LikelihoodRequest) -> LikelihoodRequest:
+        over = len(req.context) + len(req.target) - self.max_length
+        if over <= 0:
+            return req
+        if not self._warned:
+            log.warning("a request is longer than the context (%d tokens): truncating from the left, as the "
+                        "harness expects (said once)", self.max_length)
+            self._warned = True
+        keep_ctx = req.context[over:] if over <= len(req.context) else ()
+        target = req.target if over <= len(req.context) else req.target[over - len(req.context):]
+        return LikelihoodRequest(tuple(keep_ctx), tuple(target))
+
+    def _split(self, context: str, continuation: str) -> LikelihoodRequest:
+        """Trailing spaces of the context move to the continuation (so 'Q: x A:' + ' y' tokenises naturally)."""
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        whole, ctx = self._encode(context + continuation), self._encode(context)
+        if whole[:len(ctx)] != ctx:  # the boundary merged into one token: encode the parts separately
+            return LikelihoodRequest(tuple(ctx), tuple(self._encode(continuation)))
+        return LikelihoodRequest(tuple(ctx), tuple(whole[len(ctx):]))
+
+    # -- the three request types --------------------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        reqs = [self._fit(self._split(*r.args[:2])) for r in requests]
+        scores = mc_loglikelihood(self.model, reqs, mc_samples=self.mc_samples, batch_size=self.mc_batch_size,
+                                  seed=self.seed)
+        greedy = greedy_match(self.model, reqs, batch_size=self.mc_batch_size)
+        return list(zip(scores, greedy))
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        bos = self.model.special.bos
+        prefix = () if bos is None else (bos,)
+        out = []
+        for r in requests:
+            windows = rolling_windows(self._encode(r.args[0]), max_length=self.max_length,
+                                      context_len=self.rolling_context, prefix=prefix)
+            out.append(float(sum(mc_loglikelihood(self.model, windows, mc_samples=self.mc_samples,
+                                                  batch_size=self.mc_batch_size, seed=self.seed))))
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        special = self.model.special
+        gen_length = self.choice.config.gen_length
+        out: list[str] = []
+        for start in range(0, len(requests), self.batch_size):
+            chunk = requests[start:start + self.batch_size]
+            prompts = []
+            for r in chunk:
+                ids = encode_prompt(self.tok, r.args[0], chat_template=self.chat_template)
+                if len(ids) + gen_length > self.max_length:
+                    self._fit(LikelihoodRequest(tuple(ids), (0,) * gen_length))  # says so once
+                    ids = ids[len(ids) + gen_length - self.max_length:]
+                prompts.append(ids)
+            batch = PromptBatch.from_lists(prompts, pad_id=special.pad_id, device=self._device)
+            gens = [torch.Generator().manual_seed(self.seed + start + j) for j in range(len(chunk))]
+            result = run_sampler(self.model, batch, self.choice, generator=gens)
+            for r, ids in zip(chunk, result.responses()):
+                kw = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
+                max_toks = kw.get("max_gen_toks")
+                text = self.tok.decode(ids[:max_toks] if max_toks else ids, skip_special_tokens=True)
+                until = kw.get("until") or []
+                for stop in [until] if isinstance(until, str) else until:
+                    if stop and stop in text:
+                        text = text[:text.index(stop)]
+                out.append(text)
+        return out
