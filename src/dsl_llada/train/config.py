@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ..config import ConfigBase, ConfigError, DSLConfig
+from ..config import check as _check
 from .data import DataConfig
 from .objectives import OBJECTIVES, ObjectiveConfig
 
@@ -28,11 +29,6 @@ SCRATCH = "scratch"
 SPECIAL_TOKENIZERS = ("bytes", "ids")
 """`tokenizer` values that need no files: UTF-8 bytes (ids 0..255) or whitespace-separated integer ids."""
 LOGGERS = ("jsonl", "tensorboard", "wandb")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def _is_int(v: Any) -> bool:
