@@ -112,7 +112,7 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
     device = _model_device(model) or prompts.ids.device
     prompts = prompts.to(device)
     B, P, L = prompts.batch_size, prompts.length, config.gen_length
-    check_prompt_fits(SimpleNamespace(max_length=_context_limit(model)), prompts, L)
+    check_prompt_fits(_context_limit(model), prompts, L)
     rng = RowRNG(generator, B)
 
     x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)
