@@ -17,7 +17,8 @@ ScheduleName = Literal["sensitive", "paper-exact", "uniform"]
 """The inference SNR schedules (see `snr_schedule`); the only place their names are listed."""
 SCHEDULES: tuple[str, ...] = typing.get_args(ScheduleName)
 SENSITIVE_KNEES = (7.0, 74.0)
-"""SNRs where the authors' 'sensitive' schedule changes segment (official-impl.md §3.1)."""
+"""SNRs where the 'sensitive' schedule changes segment (paper Table "Default SDE inference hyperparameters":
+5% of the steps 0.01-7, 90% 7-74, 5% 74-100)."""
 SENSITIVE_FRACTIONS = (0.05, 0.90)
 """Fractions of the steps spent in the first two segments (floored, at least one each)."""
 

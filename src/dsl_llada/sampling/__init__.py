@@ -1,8 +1,7 @@
 """Samplers: functions over a model and a schedule/config returning a SampleOutput."""
 
 from .common import PromptBatch, RowRNG, SampleOutput, StepInfo, stop_lengths
-from .remask import sample_remask, transfer_counts
-from .remdm import sample_remdm
+from .remask import sample_remask, sample_remdm, transfer_counts
 from .sde import heun_solve, inference_beta, sample_block_sde, sample_sde
 
 __all__ = ["PromptBatch", "RowRNG", "SampleOutput", "StepInfo", "heun_solve", "inference_beta", "sample_block_sde",

@@ -1,6 +1,7 @@
-"""The SDE denoiser ê(y, γ) of paper Algorithm 2 as one object, shared by the SDE samplers, tests and benchmarks.
+"""The SDE denoiser ê(y, γ) as one object, shared by the SDE samplers, tests and benchmarks.
 
-One evaluation (paper §3, Algorithm 2, lines "h = Conv(γ y)" to "ê = Σ_top-M p_v e_v"):
+One evaluation (paper Algorithm 2, "construct converter input" to "denoiser from Logits"; ê is §3.2's
+clean-token embedding estimate):
     h      = converter(γ · y, E, β_inf)                 noisy response states -> backbone input embeddings
     logits = backbone([context | h | future])[window]   clean context before, [MASK] embeddings after (Block SDE)
     ê      = Σ_{v in top-M} softmax(logits)_v E_v       the top-M renormalised posterior mean over the noise table
@@ -40,7 +41,8 @@ class Denoiser:
     forward: ForwardCounter
     """The backbone, wrapped so that every executed forward pass is counted (shared across blocks)."""
     future: torch.Tensor | None = None
-    """(B, F, H) input embeddings after the window (Block SDE: the converter's [MASK] slot); None = nothing."""
+    """(B, F, H) input embeddings after the window (Block SDE, paper Appendix "Block SDE: Untapped Inference
+    Headroom": the converter's [MASK] slot for future blocks); None = nothing after the window."""
 
     @classmethod
     def for_model(cls, model: DSLModel, context: torch.Tensor, *, beta: float, top_m: int,
