@@ -180,6 +180,11 @@ class SDEConfig(ConfigBase):
     def steps(self) -> int:
         return self.nfe // 2
 
+    @property
+    def sampler_name(self) -> str:
+        """The method this config runs: 'block-sde' when block_length > 0, else 'sde'."""
+        return "block-sde" if self.block_length else "sde"
+
     def resolved_eta(self) -> float:
         if self.eta is not None:
             return self.eta
@@ -222,8 +227,11 @@ class RemaskConfig(ConfigBase):
     remdm: bool = False
     """ReMDM-conf-loop remasking of already-committed tokens inside the loop window."""
     remdm_t_on: float = 0.55
+    """ReMDM loop window start: re-masking runs while t_off < t <= t_on, t = 1 - i/S_b (paper: 0.55)."""
     remdm_t_off: float = 0.05
+    """ReMDM loop window end (paper: 0.05)."""
     remdm_alpha_loop: float = 0.9
+    """ReMDM loop alpha: re-mask budget per step sigma_max = min(1, (1 - alpha) / alpha) (paper: 0.9)."""
     remdm_authors_quota: bool = False
     """Reproduce the authors' flaw: keep the original quota so remasked tokens can stay masked at the end."""
     remdm_confidence: Literal["committed", "argmax"] = "committed"
@@ -249,6 +257,11 @@ class RemaskConfig(ConfigBase):
         n_blocks = self.gen_length // bl
         check(self.steps % n_blocks == 0,
               f"steps={self.steps} must be divisible by the number of blocks {n_blocks} (gen_length/block_length)")
+
+    @property
+    def sampler_name(self) -> str:
+        """The method this config runs: 'remdm' when remdm is on, else 'remask'."""
+        return "remdm" if self.remdm else "remask"
 
     @property
     def effective_block_length(self) -> int:

@@ -131,7 +131,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
         lengths = torch.full((B,), L, dtype=torch.long, device=device)
     return SampleOutput(ids=ids.to("cpu", copy=True), lengths=lengths.cpu(), nfe=config.steps,
                         forward_passes=forward.count, trajectory=trajectory,
-                        config={"sampler": "remdm" if config.remdm else "remask", **config.to_dict()})
+                        config={"sampler": config.sampler_name, **config.to_dict()})
 
 
 @torch.no_grad()

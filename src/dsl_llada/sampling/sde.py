@@ -160,4 +160,4 @@ def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, 
     else:
         lengths = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
     return SampleOutput(ids=ids.cpu(), lengths=lengths.cpu(), nfe=nfe, forward_passes=forwards,
-                        trajectory=trajectory, config={"sampler": "sde", **config.to_dict()})
+                        trajectory=trajectory, config={"sampler": config.sampler_name, **config.to_dict()})
