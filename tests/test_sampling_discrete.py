@@ -322,19 +322,6 @@ def test_remdm_same_seed_same_tokens(model):
     assert not torch.equal(a.ids, other.ids)  # the generator is used
 
 
-def test_default_generator_is_the_global_rng(model):
-    """generator=None draws from torch's global RNG: the same global seed gives the same tokens, another seed others."""
-    cfg = RemaskConfig(steps=8, gen_length=16, temperature=1.0, remdm=True)
-
-    def run(seed):
-        torch.manual_seed(seed)
-        return sample_remask(model, batch(model), cfg).ids
-
-    a, b, other = run(3), run(3), run(4)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, other)
-
-
 # -- the pure step ---------------------------------------------------------------------------------------------------
 
 def _step_inputs():

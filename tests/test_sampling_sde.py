@@ -429,20 +429,6 @@ def test_block_sde_same_seed_same_tokens(model):
     assert not torch.equal(a.ids, other.ids)  # the generator is used
 
 
-@pytest.mark.parametrize("block_length", [0, 4])
-def test_default_generator_is_the_global_rng(model, block_length):
-    """generator=None draws from torch's global RNG: the same global seed gives the same tokens, another seed others."""
-    c = cfg(block_length=block_length)
-
-    def run(seed):
-        torch.manual_seed(seed)
-        return sample_sde(model, prompts(model), c).ids
-
-    a, b, other = run(3), run(3), run(4)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, other)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cpu_generators_drive_a_cuda_model_identically(model):
