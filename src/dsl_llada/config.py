@@ -17,20 +17,17 @@ from .errors import ConfigError
 from .snr import ScheduleName, check_schedule
 from .utils import atomic_write_text
 
-__all__ = ["ConfigBase", "ConfigError", "ConverterConfig", "DSLConfig", "RemaskConfig", "SDEConfig", "SNRConfig",
-           "ScheduleName", "check", "eta_for_nfe"]
-
 C = TypeVar("C", bound="ConfigBase")
 
 
-def check(cond: bool, msg: str) -> None:
-    """Raise ConfigError(msg) unless `cond` (the one validation helper of every config in the package)."""
+def _check(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless `cond` (the one validation helper of every config, train/ included)."""
     if not cond:
         raise ConfigError(msg)
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
-    check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
+    _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
 
 
 class ConfigBase:
@@ -107,12 +104,12 @@ class ConverterConfig(ConfigBase):
     """Under autograd, recompute each chunk's softmax in backward instead of storing (B*L, V+1) probabilities."""
 
     def __post_init__(self) -> None:
-        check(isinstance(self.noise_dim, int) and self.noise_dim >= 1, f"noise_dim={self.noise_dim!r} must be an int >= 1")
+        _check(isinstance(self.noise_dim, int) and self.noise_dim >= 1, f"noise_dim={self.noise_dim!r} must be an int >= 1")
         _choice("noise_init", self.noise_init, ("random", "pca"))
         _choice("layout", self.layout, ("released", "paper"))
         _choice("value_bias_init", self.value_bias_init, ("zeros", "torch_default"))
-        check(math.isfinite(self.beta_init) and self.beta_init > 0, f"beta_init={self.beta_init!r} must be a finite float > 0")
-        check(self.token_chunk >= 0, f"token_chunk={self.token_chunk!r} must be >= 0 (0 disables chunking)")
+        _check(math.isfinite(self.beta_init) and self.beta_init > 0, f"beta_init={self.beta_init!r} must be a finite float > 0")
+        _check(self.token_chunk >= 0, f"token_chunk={self.token_chunk!r} must be >= 0 (0 disables chunking)")
 
 
 @dataclass(frozen=True)
@@ -163,18 +160,18 @@ class SDEConfig(ConfigBase):
     """Block SDE: blocks of B tokens left to right (0 = whole response at once)."""
 
     def __post_init__(self) -> None:
-        check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
-              f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
-        check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
+        _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
+               f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
+        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
         check_schedule(self.schedule, self.gamma_min, self.gamma_max)
-        check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
-        check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
-        check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")
-        check(self.beta_absolute is None or self.beta_absolute > 0, f"beta_absolute={self.beta_absolute!r} must be > 0 or None")
-        check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        _check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
+        _check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
+        _check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")
+        _check(self.beta_absolute is None or self.beta_absolute > 0, f"beta_absolute={self.beta_absolute!r} must be > 0 or None")
+        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
         if self.block_length:
-            check(self.gen_length % self.block_length == 0,
-                  f"gen_length={self.gen_length} is not divisible by block_length={self.block_length}")
+            _check(self.gen_length % self.block_length == 0,
+                   f"gen_length={self.gen_length} is not divisible by block_length={self.block_length}")
 
     @property
     def steps(self) -> int:
@@ -241,22 +238,22 @@ class RemaskConfig(ConfigBase):
     """Cut the response at the first EOS/EoT."""
 
     def __post_init__(self) -> None:
-        check(self.steps >= 1, f"steps={self.steps!r} must be >= 1")
-        check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
-        check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        _check(self.steps >= 1, f"steps={self.steps!r} must be >= 1")
+        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
+        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
         _choice("remasking", self.remasking, ("low_confidence", "random"))
-        check(self.temperature >= 0, f"temperature={self.temperature!r} must be >= 0")
-        check(self.cfg_scale >= 0, f"cfg_scale={self.cfg_scale!r} must be >= 0")
-        check(0 <= self.eos_suppress_ratio <= 1, f"eos_suppress_ratio={self.eos_suppress_ratio!r} must be in [0, 1]")
-        check(0 <= self.remdm_t_off < self.remdm_t_on <= 1,
-              f"need 0 <= remdm_t_off < remdm_t_on <= 1, got {self.remdm_t_off!r}, {self.remdm_t_on!r}")
-        check(0 < self.remdm_alpha_loop <= 1, f"remdm_alpha_loop={self.remdm_alpha_loop!r} must be in (0, 1]")
+        _check(self.temperature >= 0, f"temperature={self.temperature!r} must be >= 0")
+        _check(self.cfg_scale >= 0, f"cfg_scale={self.cfg_scale!r} must be >= 0")
+        _check(0 <= self.eos_suppress_ratio <= 1, f"eos_suppress_ratio={self.eos_suppress_ratio!r} must be in [0, 1]")
+        _check(0 <= self.remdm_t_off < self.remdm_t_on <= 1,
+               f"need 0 <= remdm_t_off < remdm_t_on <= 1, got {self.remdm_t_off!r}, {self.remdm_t_on!r}")
+        _check(0 < self.remdm_alpha_loop <= 1, f"remdm_alpha_loop={self.remdm_alpha_loop!r} must be in (0, 1]")
         _choice("remdm_confidence", self.remdm_confidence, ("committed", "argmax"))
         bl = self.effective_block_length
-        check(self.gen_length % bl == 0, f"gen_length={self.gen_length} is not divisible by block_length={bl}")
+        _check(self.gen_length % bl == 0, f"gen_length={self.gen_length} is not divisible by block_length={bl}")
         n_blocks = self.gen_length // bl
-        check(self.steps % n_blocks == 0,
-              f"steps={self.steps} must be divisible by the number of blocks {n_blocks} (gen_length/block_length)")
+        _check(self.steps % n_blocks == 0,
+               f"steps={self.steps} must be divisible by the number of blocks {n_blocks} (gen_length/block_length)")
 
     @property
     def sampler_name(self) -> str:
@@ -294,9 +291,9 @@ class SNRConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         _choice("distribution", self.distribution, ("mixture", "lognormal", "roar"))
-        check(self.lognormal_sigma > 0, f"lognormal_sigma={self.lognormal_sigma!r} must be > 0")
-        check(self.lognormal_clip > 0, f"lognormal_clip={self.lognormal_clip!r} must be > 0")
-        check(0 <= self.roar_prob <= 1, f"roar_prob={self.roar_prob!r} must be in [0, 1]")
-        check(0 <= self.roar_clear_low <= self.roar_clear_high,
-              f"need 0 <= roar_clear_low <= roar_clear_high, got {self.roar_clear_low!r}, {self.roar_clear_high!r}")
-        check(self.roar_unknown_high > 0, f"roar_unknown_high={self.roar_unknown_high!r} must be > 0")
+        _check(self.lognormal_sigma > 0, f"lognormal_sigma={self.lognormal_sigma!r} must be > 0")
+        _check(self.lognormal_clip > 0, f"lognormal_clip={self.lognormal_clip!r} must be > 0")
+        _check(0 <= self.roar_prob <= 1, f"roar_prob={self.roar_prob!r} must be in [0, 1]")
+        _check(0 <= self.roar_clear_low <= self.roar_clear_high,
+               f"need 0 <= roar_clear_low <= roar_clear_high, got {self.roar_clear_low!r}, {self.roar_clear_high!r}")
+        _check(self.roar_unknown_high > 0, f"roar_unknown_high={self.roar_unknown_high!r} must be > 0")
