@@ -30,7 +30,7 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass) or klass is object:
             continue
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
-        for node, nxt in zip(body, body[1:]):
+        for node, nxt in zip(body, body[1:], strict=False):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
