@@ -5,25 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.backbones import save_backbone
 from dsl_llada.cli import main
 from dsl_llada.model import DSLModel
-from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+from dsl_llada.toy import ToyWorld, ToyWorldConfig
+from helpers import toy_backbone
 
 
 @pytest.fixture(scope="module")
 def toy_backbone_dir(tmp_path_factory):
     """A tiny random LLaDA over the toy world's vocabulary, saved with the world's tokenizer."""
-    world = ToyWorld(ToyWorldConfig(n_topics=2))
-    tok = build_tokenizer(world)
-    s = special_ids(tok)
-    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
-                            bos_token_id=s["bos"])
-    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
-    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    tok, bb = toy_backbone(ToyWorld(ToyWorldConfig(n_topics=2)))
     path = tmp_path_factory.mktemp("cli") / "backbone"
     save_backbone(bb, path)
     tok.save_pretrained(path)

@@ -5,27 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
-from dsl_llada.backbones.base import SpecialTokens
 from dsl_llada.config import SDEConfig
 from dsl_llada.generation import SamplerChoice, run_sampler
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling import PromptBatch
-from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
+from dsl_llada.toy import ToyWorld, ToyWorldConfig
 from dsl_llada.toy.evaluate import Method, sample_records
 from dsl_llada.toy.tasks import make_split, render_prompt, response_words
+from helpers import toy_backbone
 
 
 @pytest.fixture(scope="module")
 def toy():
     world = ToyWorld(ToyWorldConfig(n_topics=2))
-    tok = build_tokenizer(world)
-    s = special_ids(tok)
-    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
-                            bos_token_id=s["bos"])
-    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
-    bb.init_weights(torch.Generator().manual_seed(0), std=0.3)
-    return world, tok, {"dsl": DSLModel.convert(bb.eval()).eval()}
+    tok, bb = toy_backbone(world)
+    return world, tok, {"dsl": DSLModel.convert(bb).eval()}
 
 
 @pytest.mark.parametrize("seed", [0, 3])
