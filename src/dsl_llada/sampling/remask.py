@@ -9,9 +9,10 @@ of the current block are committed. Committed tokens and prompt tokens never cha
 of committed tokens inside its loop window, see `remdm.py`). The [MASK] id itself is never proposed.
 
 The per-step decisions (proposal, confidence, commits, ReMDM re-masking) are `remask_step.remask_step`; this
-module runs the model, classifier-free guidance and token bans around it. Works on any `DiscreteModel` (a Backbone
-or a DSLModel's discrete path). Everything is computed per row, and random draws cover only the current block of each row, so
-with one generator per row a left-padded batch gives the tokens of the same prompts run one by one.
+module runs the model, classifier-free guidance and token bans around it. Works on any `DiscreteModel` (a
+Backbone or a DSLModel's discrete path). Everything is computed per row, and random draws cover only the current
+block of each row, so with one generator per row a left-padded batch gives the tokens of the same prompts run one
+by one.
 """
 
 from __future__ import annotations
