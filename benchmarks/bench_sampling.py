@@ -26,7 +26,8 @@ from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling.common import PromptBatch
-from dsl_llada.sampling.sde import sample_sde
+from dsl_llada.sampling.denoiser import Denoiser
+from dsl_llada.sampling.sde import inference_beta, sample_sde
 from dsl_llada.snr import snr_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,24 +81,18 @@ def prompts_for(model: DSLModel, batch: int, prompt_len: int, device: str) -> Pr
 @torch.no_grad()
 def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: int, nfe: int, repeats: int) -> dict:
     pb = prompts_for(model, 1, prompt_len, device)
-    E = model.unit_noise()
-    L = prompt_len + gen_length
     ids = torch.cat([pb.ids, torch.full((1, gen_length), model.special.mask, device=device)], 1)
-    state_mask = torch.zeros(1, L, dtype=torch.bool, device=device)
-    state_mask[:, prompt_len:] = True
-    z = torch.randn(1, gen_length, model.noise_dim, device=device)
-    beta = 2 * model.trained_beta
+    sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
+    denoise = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, sde_cfg),
+                                 top_m=sde_cfg.top_m)
+    y = torch.nn.functional.normalize(torch.randn(1, gen_length, model.noise_dim, device=device), dim=-1)
 
-    # One SDE model call = one denoiser evaluation: converter -> backbone -> top-M posterior mean. Its cost depends
-    # a little on gamma (how peaked the converter softmax is), so average it over the sampler's own SNR grid.
-    y = torch.nn.functional.normalize(z.reshape(-1, model.noise_dim), dim=-1)
-    grid = snr_schedule("sensitive", nfe // 2).tolist()
-    t_dsl = sum(timed(lambda g=g: model.posterior_mean(
-        model.logits_from_states(ids, g * y, state_mask, beta=beta, E=E)[:, prompt_len:], 512, E), device, repeats)
-        for g in grid) / len(grid)
+    # One SDE model call = one evaluation of the sampler's own denoiser: converter -> backbone -> top-M posterior
+    # mean. Its cost depends a little on gamma (how peaked the converter softmax is), so average it over the SNR grid.
+    grid = snr_schedule(sde_cfg.schedule, sde_cfg.steps).tolist()
+    t_dsl = sum(timed(lambda g=g: denoise(y, g), device, repeats) for g in grid) / len(grid)
     t_bb = timed(lambda: model.logits_from_ids(ids), device, repeats)
 
-    sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
     out = {}
     t_sde = timed(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0))),
                   device, repeats)

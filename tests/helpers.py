@@ -49,6 +49,20 @@ def tiny_dsl(vocab: int = V, seed: int = 0, *, noise_dim: int = 16, std: float =
     return DSLModel.convert(bb, cfg).eval()
 
 
+def toy_backbone(world, seed: int = 0, std: float = 0.3):
+    """(tokenizer, tiny random LLaDA) over a ToyWorld's vocabulary with the world's special tokens, eval mode."""
+    from dsl_llada.backbones.base import SpecialTokens  # noqa: PLC0415
+    from dsl_llada.toy import build_tokenizer, special_ids  # noqa: PLC0415
+
+    tok = build_tokenizer(world)
+    s = special_ids(tok)
+    cfg = tiny_llada_config(world.vocab_size, mask_token_id=s["mask"], eos_token_id=s["eos"], eot_token_id=s["eot"],
+                            bos_token_id=s["bos"])
+    bb = LLaDABackbone(cfg, SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"]))
+    bb.init_weights(gen(seed), std=std)
+    return tok, bb.eval()
+
+
 def perturb_converter(model: DSLModel, seed: int = 1, scale: float = 0.05) -> DSLModel:
     """Move every converter parameter away from its init (so 'converter' and 'wte' context paths differ, value
     bias is non-zero, etc.), in place. Returns the model."""

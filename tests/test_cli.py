@@ -17,12 +17,35 @@ def toy_backbone_dir(tmp_path_factory):
     return toy_backbone_folder(tmp_path_factory.mktemp("cli") / "backbone")
 
 
-@pytest.mark.parametrize("sub", ["generate", "convert", "demo", "train"])
+HELP_OPTIONS = {
+    "generate": ["--model", "--prompt", "--prompts-file", "--seed", "--output", "--sampler", "--gen-length", "--nfe",
+                 "--schedule", "--eta", "--top-m", "--beta-scale", "--beta-absolute", "--predictor-noise", "--steps",
+                 "--block-length", "--temperature", "--remasking", "--cfg-scale", "--eos-inf", "--no-truncate"],
+    "convert": ["--noise-dim", "--noise-init", "--beta-init", "--layout", "--context-embedding", "--frozen-noise-embed",
+                "--seed", "--dtype"],
+    "demo": ["--quick", "--out", "--controls", "--seed", "--quiet"],
+    "train": ["--config", "--print-config", "--quiet", "KEY=VALUE"],
+}
+
+
+@pytest.mark.parametrize("sub", sorted(HELP_OPTIONS))
 def test_subcommand_help(sub, capsys):
+    """Each subcommand's --help lists its options (not only the usage line argparse always prints)."""
     with pytest.raises(SystemExit) as e:
         main([sub, "--help"])
     assert e.value.code == 0
-    assert sub in capsys.readouterr().out
+    out = capsys.readouterr().out
+    missing = [o for o in HELP_OPTIONS[sub] if o not in out]
+    assert not missing, f"{sub} --help lacks {missing}"
+
+
+def test_generate_help_lists_schedules_and_samplers(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    for name in ("sensitive", "paper-exact", "uniform", "sde", "block-sde", "remask", "remdm", "low_confidence",
+                 "random"):
+        assert name in out
 
 
 def test_convert_then_generate_sde_and_remask(toy_backbone_dir, tmp_path, capsys):
@@ -54,6 +77,9 @@ def test_convert_then_generate_sde_and_remask(toy_backbone_dir, tmp_path, capsys
     assert main([*base, "--batch-size", "2", "--output", str(b)]) == 0
     ids = lambda p: [json.loads(x)["response_ids"] for x in p.read_text().splitlines()]  # noqa: E731
     assert ids(a) == ids(b)
+    c = tmp_path / "seed.jsonl"  # the twin: another --seed gives other tokens (the seed reaches the sampler)
+    assert main([*base, "--batch-size", "2", "--seed", "1000", "--output", str(c)]) == 0
+    assert ids(c) != ids(a)
 
 
 def test_generate_errors(toy_backbone_dir, capsys):

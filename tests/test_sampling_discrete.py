@@ -12,9 +12,10 @@ import torch
 from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConfigError, RemaskConfig
 from dsl_llada.model import DSLModel
-from dsl_llada.sampling.common import PromptBatch
-from dsl_llada.sampling.remask import sample_remask, suppressed_steps, transfer_counts
-from dsl_llada.sampling.remdm import in_loop_window, loop_time, remask_probabilities, sample_remdm, sigma_max
+from dsl_llada.sampling.common import PromptBatch, RowRNG
+from dsl_llada.sampling.remask import sample_remask, sample_remdm, suppressed_steps, transfer_counts
+from dsl_llada.sampling.remask_step import remask_step
+from dsl_llada.sampling.remdm import in_loop_window, loop_time, remask_probabilities, sigma_max
 
 EOT = 61  # tiny config: mask 63, eos 62 (also the pad id), eot 61
 
@@ -317,6 +318,56 @@ def test_remdm_same_seed_same_tokens(model):
     a, _ = _remdm_run(model, 4)
     b, _ = _remdm_run(model, 4)
     assert torch.equal(a.ids, b.ids)
+    other, _ = _remdm_run(model, 5)
+    assert not torch.equal(a.ids, other.ids)  # the generator is used
+
+
+# -- the pure step ---------------------------------------------------------------------------------------------------
+
+def _step_inputs():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 10, generator=g)
+    logits[..., 9] = float("-inf")  # id 9 plays [MASK]
+    block = torch.tensor([[9, 9, 3, 9, 9, 9], [1, 2, 9, 9, 4, 9]])
+    return logits, block
+
+
+def test_remask_step_low_confidence_commits_the_quota_and_changes_no_input():
+    logits, block = _step_inputs()
+    before = (logits.clone(), block.clone())
+    cfg = RemaskConfig(steps=4, gen_length=6)
+    st = remask_step(logits, block, torch.tensor([2, 1]), block_step=0, steps_per_block=4, config=cfg, mask_id=9,
+                     rng=RowRNG(None, 2))
+    assert torch.equal(logits, before[0]) and torch.equal(block, before[1])  # pure: inputs untouched
+    assert torch.equal(st.proposal, logits.argmax(-1))  # temperature 0: the argmax
+    assert st.committed.sum(1).tolist() == [2, 1] and not (st.committed & (block != 9)).any()
+    assert torch.equal(st.tokens, torch.where(st.committed, st.proposal, block))
+    assert st.t == 1.0 and not st.in_loop and not st.remasked.any()
+    # the committed positions are the most confident masked ones under softmax(logits)
+    conf = torch.softmax(logits, -1).gather(-1, st.proposal[..., None])[..., 0].masked_fill(block != 9, -1.0)
+    for r in range(2):
+        assert set(st.committed[r].nonzero().flatten().tolist()) == set(conf[r].topk(int(st.committed[r].sum())).indices.tolist())
+    last = remask_step(logits, block, torch.tensor([0, 0]), block_step=3, steps_per_block=4, config=cfg, mask_id=9,
+                       rng=RowRNG(None, 2))
+    assert not (last.tokens == 9).any()  # the block's last step resolves every remaining mask
+
+
+def test_remask_step_remdm_remasks_inside_the_window_only():
+    logits, block = _step_inputs()
+    cfg = RemaskConfig(steps=4, gen_length=6, remdm=True, remdm_alpha_loop=0.1, remdm_t_on=0.9, remdm_t_off=0.1)
+    outside = remask_step(logits, block, torch.tensor([1, 1]), block_step=0, steps_per_block=4, config=cfg,
+                          mask_id=9, rng=RowRNG(torch.Generator().manual_seed(0), 2))
+    assert not outside.in_loop and not outside.remasked.any()
+    hits = 0
+    for seed in range(20):
+        st = remask_step(logits, block, torch.tensor([1, 1]), block_step=1, steps_per_block=4, config=cfg,
+                         mask_id=9, rng=RowRNG(torch.Generator().manual_seed(seed), 2))
+        assert st.in_loop and st.t == 0.75
+        assert not (st.remasked & (block == 9)).any()  # only committed tokens are re-masked
+        # quota fix: re-masked positions are re-revealed in the same step, so masks never accumulate
+        assert torch.equal((st.tokens == 9).sum(1), (block == 9).sum(1) - 1)
+        hits += int(st.remasked.sum())
+    assert hits > 0
 
 
 # -- bad input ----------------------------------------------------------------------------------------------------

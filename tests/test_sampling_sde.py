@@ -10,6 +10,7 @@ import dsl_llada.sampling.sde as sde_mod
 from dsl_llada.config import ConfigError, SDEConfig
 from dsl_llada.sampling import (PromptBatch, RowRNG, heun_solve, inference_beta, sample_block_sde, sample_sde,
                                 stop_lengths)
+from dsl_llada.sampling.denoiser import Denoiser
 from dsl_llada.sampling.sde import decode_argmax
 from dsl_llada.snr import snr_schedule
 from helpers import EOS, MASK, gen, perturb_converter, tiny_dsl
@@ -185,22 +186,36 @@ def test_eta_zero_is_deterministic_given_the_seed(model, monkeypatch):
 def test_eta_zero_trajectory_ignores_the_noise_stream(model):
     """With eta = 0 the Heun trajectory depends on y0 only: different generators for dW give identical results."""
     pb = prompts(model)
-    E = model.unit_noise()
-    beta = 2 * model.trained_beta
-    ctx = model.context_embed(pb.ids)
-    P = pb.length
-
-    def denoise(y, gamma):
-        h = model.converter(gamma * y, E, beta)
-        logits = model.backbone(torch.cat([ctx, h], 1), pb.full_attention_mask(8))[:, P:]
-        return model.posterior_mean(logits, 8, E), logits
-
+    denoise = Denoiser.for_model(model, model.context_embed(pb.ids), beta=2 * model.trained_beta, top_m=8,
+                                 attention_mask=pb.full_attention_mask(8))
     y0 = F.normalize(torch.randn(3, 8, D, generator=gen(0)), dim=-1)
     grid = snr_schedule("sensitive", 4)
     with torch.no_grad():
         outs = [heun_solve(denoise, y0, grid, eta=0.0, predictor_noise=pn, rng=RowRNG(gen(s), 3))
                 for s, pn in ((1, False), (2, False), (3, True))]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert denoise.forward_passes == 3 * 2 * 4  # three solves of 4 Heun steps, two evaluations each
+
+
+def test_denoiser_is_the_algorithm_2_evaluation(model):
+    """ê = top-M posterior mean over E of the backbone's logits on [context | converter(γy) | future] at the window."""
+    pb = prompts(model)
+    E, beta = model.unit_noise(), 1.7
+    ctx, fut = model.context_embed(pb.ids), model.mask_embed(torch.full((3, 2), MASK))
+    y = F.normalize(torch.randn(3, 4, D, generator=gen(0)), dim=-1)
+    attn = torch.cat([pb.attention_mask, torch.ones(3, 6, dtype=torch.long)], 1)
+    d = Denoiser.for_model(model, ctx, beta=beta, top_m=8, attention_mask=attn, future=fut)
+    with torch.no_grad():
+        e_hat, logits = d(y, 3.0)
+        full = model.backbone(torch.cat([ctx, model.converter(3.0 * y, E, beta), fut], 1), attn)
+    P = pb.length
+    assert torch.equal(logits, full[:, P:P + 4])
+    assert torch.equal(e_hat, model.posterior_mean(full[:, P:P + 4], 8, E))
+    assert e_hat.shape == (3, 4, D) and d.forward_passes == 1
+    nxt = d.with_context(ctx, future=None)  # a copy around another window shares the forward counter
+    with torch.no_grad():
+        assert nxt.logits(torch.cat([y, y[:, :2]], 1), 3.0).shape == (3, 6, 64)  # window = the 6 positions after ctx
+    assert d.forward_passes == nxt.forward_passes == 2
 
 
 def test_predictor_noise_switch(model, monkeypatch):
@@ -410,6 +425,8 @@ def test_block_sde_same_seed_same_tokens(model):
     a = sample_block_sde(model, prompts(model), c, generator=gen(8))
     b = sample_block_sde(model, prompts(model), c, generator=gen(8))
     assert torch.equal(a.ids, b.ids)
+    other = sample_block_sde(model, prompts(model), c, generator=gen(9))
+    assert not torch.equal(a.ids, other.ids)  # the generator is used
 
 
 @pytest.mark.gpu

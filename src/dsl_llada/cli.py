@@ -13,41 +13,34 @@ from .utils import run_cli_command
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampler")
-    g.add_argument("--sampler", default="sde", choices=["sde", "block-sde", "remask", "remdm"],
-                   help="sde = DSL-LLaDA-SDE (Heun); block-sde; remask = LLaDA low-confidence remasking; remdm = ReMDM-conf-loop")
-    g.add_argument("--gen-length", type=int, default=256, help="response length in tokens (default 256)")
-    g.add_argument("--nfe", type=int, default=64, help="SDE: solver model evaluations, even (default 64)")
-    g.add_argument("--schedule", default="sensitive", choices=["sensitive", "paper-exact", "uniform"])
-    g.add_argument("--eta", type=float, default=None, help="SDE noise scale (default: by NFE, as the paper)")
-    g.add_argument("--top-m", type=int, default=512, help="SDE denoiser top-M (default 512)")
-    g.add_argument("--beta-scale", type=float, default=2.0, help="SDE: beta_inf = scale x trained beta (default 2)")
-    g.add_argument("--beta-absolute", type=float, default=None, help="SDE: absolute beta_inf (overrides --beta-scale)")
-    g.add_argument("--predictor-noise", action="store_true", help="SDE: authors' variant with noise in the predictor")
-    g.add_argument("--steps", type=int, default=64, help="remask/remdm: denoising steps (default 64)")
-    g.add_argument("--block-length", type=int, default=0, help="block length (remask: semi-AR blocks; block-sde: B)")
-    g.add_argument("--temperature", type=float, default=0.0, help="remask: Gumbel temperature (0 = greedy)")
-    g.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
-    g.add_argument("--cfg-scale", type=float, default=0.0, help="remask: classifier-free guidance scale")
-    g.add_argument("--eos-inf", action="store_true", help="remask: EOS logit -inf ('LLaDA+EOS')")
-    g.add_argument("--no-truncate", action="store_true", help="keep tokens after the first EOS/EoT")
+    from .cli_config import add_config_args  # noqa: PLC0415
+    from .config import RemaskConfig, SDEConfig  # noqa: PLC0415
+    from .sampling.dispatch import SAMPLERS  # noqa: PLC0415
+
+    g = p.add_argument_group("sampler", "--sampler picks the config: sde / block-sde take SDEConfig's fields, "
+                                        "remask / remdm RemaskConfig's; a flag of the other config is an error")
+    g.add_argument("--sampler", default="sde", choices=SAMPLERS,
+                   help="sde = DSL-LLaDA-SDE (Heun); block-sde = Block SDE (needs --block-length > 0); "
+                        "remask = LLaDA low-confidence remasking; remdm = ReMDM-conf-loop (default: sde)")
+    add_config_args(g, (SDEConfig, "sde/block-sde"), (RemaskConfig, "remask/remdm"), exclude=("remdm",),
+                    negative_aliases={"truncate_at_eos": "--no-truncate"})
 
 
 def _sampler_choice(a: argparse.Namespace):
+    from .cli_config import config_from_args  # noqa: PLC0415
     from .config import RemaskConfig, SDEConfig  # noqa: PLC0415
     from .generation import SamplerChoice  # noqa: PLC0415
 
     if a.sampler in ("sde", "block-sde"):
-        if a.sampler == "block-sde" and a.block_length <= 0:
+        block = getattr(a, "block_length", 0)
+        if a.sampler == "block-sde" and block <= 0:
             raise ValueError("--sampler block-sde needs --block-length > 0")
-        cfg = SDEConfig(nfe=a.nfe, gen_length=a.gen_length, schedule=a.schedule, eta=a.eta, top_m=a.top_m,
-                        beta_scale=a.beta_scale, beta_absolute=a.beta_absolute, predictor_noise=a.predictor_noise,
-                        truncate_at_eos=not a.no_truncate, block_length=a.block_length if a.sampler == "block-sde" else 0)
+        if a.sampler == "sde" and block > 0:
+            raise ValueError(f"--block-length {block} runs Block SDE: use --sampler block-sde (or --block-length 0)")
+        cfg = config_from_args(SDEConfig, a, others=(RemaskConfig,))
     else:
-        cfg = RemaskConfig(steps=a.steps, gen_length=a.gen_length, block_length=a.block_length, remasking=a.remasking,
-                           temperature=a.temperature, cfg_scale=a.cfg_scale, eos_inf=a.eos_inf,
-                           remdm=a.sampler == "remdm", truncate_at_eos=not a.no_truncate)
-    return SamplerChoice(a.sampler, cfg)
+        cfg = config_from_args(RemaskConfig, a, others=(SDEConfig,), remdm=a.sampler == "remdm")
+    return SamplerChoice(cfg)
 
 
 def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str) -> dict:

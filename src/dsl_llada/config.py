@@ -13,16 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
+from .errors import ConfigError
+from .snr import ScheduleName, check_schedule
 from .utils import atomic_write_text
 
 C = TypeVar("C", bound="ConfigBase")
 
 
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the value and what would be valid."""
-
-
 def _check(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless `cond` (the one validation helper of every config, train/ included)."""
     if not cond:
         raise ConfigError(msg)
 
@@ -134,9 +133,6 @@ class DSLConfig(ConfigBase):
                f"backbone_type={self.backbone_type!r} must be a backbone family name (e.g. 'llada', 'dream') or None")
 
 
-ScheduleName = Literal["sensitive", "paper-exact", "uniform"]
-
-
 @dataclass(frozen=True)
 class SDEConfig(ConfigBase):
     """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference')."""
@@ -170,12 +166,7 @@ class SDEConfig(ConfigBase):
         _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
                f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
         _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
-        _choice("schedule", self.schedule, ("sensitive", "paper-exact", "uniform"))
-        _check(0 < self.gamma_min < self.gamma_max, f"need 0 < gamma_min < gamma_max, got {self.gamma_min!r}, {self.gamma_max!r}")
-        if self.schedule in ("sensitive", "paper-exact"):
-            _check(self.gamma_min < 7.0 and self.gamma_max > 74.0,
-                   f"schedule={self.schedule!r} has knees at gamma 7 and 74: it needs gamma_min < 7 and gamma_max > 74, "
-                   f"got {self.gamma_min!r}, {self.gamma_max!r} (use schedule='uniform' for other ranges)")
+        check_schedule(self.schedule, self.gamma_min, self.gamma_max)
         _check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
         _check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
         _check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")
@@ -188,6 +179,11 @@ class SDEConfig(ConfigBase):
     @property
     def steps(self) -> int:
         return self.nfe // 2
+
+    @property
+    def sampler_name(self) -> str:
+        """The method this config runs: 'block-sde' when block_length > 0, else 'sde'."""
+        return "block-sde" if self.block_length else "sde"
 
     def resolved_eta(self) -> float:
         if self.eta is not None:
@@ -231,8 +227,11 @@ class RemaskConfig(ConfigBase):
     remdm: bool = False
     """ReMDM-conf-loop remasking of already-committed tokens inside the loop window."""
     remdm_t_on: float = 0.55
+    """ReMDM loop window start: re-masking runs while t_off < t <= t_on, t = 1 - i/S_b (paper: 0.55)."""
     remdm_t_off: float = 0.05
+    """ReMDM loop window end (paper: 0.05)."""
     remdm_alpha_loop: float = 0.9
+    """ReMDM loop alpha: re-mask budget per step sigma_max = min(1, (1 - alpha) / alpha) (paper: 0.9)."""
     remdm_authors_quota: bool = False
     """Reproduce the authors' flaw: keep the original quota so remasked tokens can stay masked at the end."""
     remdm_confidence: Literal["committed", "argmax"] = "committed"
@@ -258,6 +257,11 @@ class RemaskConfig(ConfigBase):
         n_blocks = self.gen_length // bl
         _check(self.steps % n_blocks == 0,
                f"steps={self.steps} must be divisible by the number of blocks {n_blocks} (gen_length/block_length)")
+
+    @property
+    def sampler_name(self) -> str:
+        """The method this config runs: 'remdm' when remdm is on, else 'remask'."""
+        return "remdm" if self.remdm else "remask"
 
     @property
     def effective_block_length(self) -> int:

@@ -21,11 +21,13 @@ from .checkpoint import checkpoint_files
 from .config import RemaskConfig, SDEConfig
 from .model import DSLModel
 from .sampling.common import PromptBatch, SampleOutput
+from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .utils import atomic_write_text, progress as progress_bar
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("sde", "block-sde", "remask", "remdm")
+__all__ = ["SAMPLERS", "SamplerChoice", "encode_prompt", "generate", "load_model", "load_tokenizer", "read_prompts",
+           "run_sampler", "sample_in_batches", "write_jsonl"]
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
@@ -71,29 +73,46 @@ def encode_prompt(tokenizer, text: str, *, chat_template: bool = True) -> list[i
 
 @dataclass(frozen=True)
 class SamplerChoice:
-    """Which sampler and its typed config."""
+    """A sampler's typed config: its type picks the sampler (`sampling.dispatch`) and `name` is derived from it."""
 
-    name: str
-    config: SDEConfig | RemaskConfig
+    config: SamplerConfig
 
     def __post_init__(self) -> None:
-        if self.name not in SAMPLERS:
-            raise ValueError(f"sampler={self.name!r} is not valid; expected one of {list(SAMPLERS)}")
+        if not isinstance(self.config, (SDEConfig, RemaskConfig)):
+            raise TypeError(f"config of type {type(self.config).__name__} names no sampler; "
+                            f"expected SDEConfig or RemaskConfig")
+
+    @property
+    def name(self) -> str:
+        """'sde', 'block-sde', 'remask' or 'remdm' (one of SAMPLERS), as the config says."""
+        return self.config.sampler_name
 
 
-def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: SamplerChoice, *,
+def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: SamplerChoice | SamplerConfig, *,
                 generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False) -> SampleOutput:
-    """Dispatch one batch to the chosen sampler."""
-    if choice.name in ("sde", "block-sde"):
-        if not isinstance(model, DSLModel):
-            raise ValueError(f"sampler {choice.name!r} needs a DSL checkpoint (with noise_embed/converter); this model "
-                             f"is a bare backbone — use 'remask'/'remdm' or convert it first")
-        from .sampling.sde import sample_sde  # noqa: PLC0415
+    """Run one batch through the sampler that the config's type picks."""
+    config = choice.config if isinstance(choice, SamplerChoice) else choice
+    return sample(model, prompts, config, generator=generator, progress=progress)
 
-        return sample_sde(model, prompts, choice.config, generator=generator, progress=progress)
-    from .sampling.remask import sample_remask  # noqa: PLC0415
 
-    return sample_remask(model, prompts, choice.config, generator=generator, progress=progress)
+def sample_in_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
+                      choice: SamplerChoice | SamplerConfig, *,
+                      batch_size: int, seed_of: Callable[[int], int], progress: bool = False,
+                      desc: str = "sample") -> Iterator[tuple[int, SampleOutput]]:
+    """Encoded prompts in left-padded batches of `batch_size`; yields (index of the batch's first prompt, output).
+
+    Prompt i has its own CPU generator seeded `seed_of(i)`, so its tokens depend neither on the batch size nor on
+    the other prompts of its batch (`generate`: seed + i; the toy evaluation: its own formula).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    device = next(model.parameters()).device
+    starts = range(0, len(prompt_ids), batch_size)
+    for start in progress_bar(starts, total=len(starts), desc=desc, enabled=progress):
+        chunk = prompt_ids[start : start + batch_size]
+        batch = PromptBatch.from_lists(chunk, pad_id=model.special.pad_id, device=device)
+        gens = [torch.Generator(device="cpu").manual_seed(seed_of(start + j)) for j in range(len(chunk))]
+        yield start, run_sampler(model, batch, choice, generator=gens)
 
 
 class NonFiniteLogitsError(ValueError):

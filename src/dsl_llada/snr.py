@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import math
+import typing
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .config import ConfigError, SNRConfig
+from .errors import ConfigError
 
+if TYPE_CHECKING:  # annotations only: config imports this module for the schedule names
+    from .config import SNRConfig
+
+ScheduleName = Literal["sensitive", "paper-exact", "uniform"]
+"""The inference SNR schedules (see `snr_schedule`); the only place their names are listed."""
+SCHEDULES: tuple[str, ...] = typing.get_args(ScheduleName)
 SENSITIVE_KNEES = (7.0, 74.0)
+"""SNRs where the 'sensitive' schedule changes segment (paper Table "Default SDE inference hyperparameters":
+5% of the steps 0.01-7, 90% 7-74, 5% 74-100)."""
 SENSITIVE_FRACTIONS = (0.05, 0.90)
+"""Fractions of the steps spent in the first two segments (floored, at least one each)."""
 
 
 # -- training ----------------------------------------------------------------------------------------
@@ -73,6 +84,18 @@ def sensitive_counts(steps: int) -> tuple[int, int, int]:
     return n1, n2, steps - n1 - n2
 
 
+def check_schedule(name: str, gamma_min: float, gamma_max: float) -> None:
+    """ConfigError unless `name` is a schedule and [gamma_min, gamma_max] suits it (the knees lie inside)."""
+    if name not in SCHEDULES:
+        raise ConfigError(f"schedule={name!r} is not valid; expected one of {list(SCHEDULES)}")
+    if not 0 < gamma_min < gamma_max:
+        raise ConfigError(f"need 0 < gamma_min < gamma_max, got {gamma_min!r}, {gamma_max!r}")
+    k1, k2 = SENSITIVE_KNEES
+    if name in ("sensitive", "paper-exact") and not gamma_min < k1 < k2 < gamma_max:
+        raise ConfigError(f"schedule={name!r} has knees at gamma {k1:g} and {k2:g}: it needs gamma_min < {k1:g} and "
+                          f"gamma_max > {k2:g}, got {gamma_min!r}, {gamma_max!r} (use schedule='uniform' for other ranges)")
+
+
 def snr_schedule(name: str, steps: int, gamma_min: float = 0.01, gamma_max: float = 100.0) -> torch.Tensor:
     """Increasing SNR grid of steps + 1 float64 points.
 
@@ -84,18 +107,13 @@ def snr_schedule(name: str, steps: int, gamma_min: float = 0.01, gamma_max: floa
     """
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
-    if not 0 < gamma_min < gamma_max:
-        raise ConfigError(f"need 0 < gamma_min < gamma_max, got {gamma_min}, {gamma_max}")
+    check_schedule(name, gamma_min, gamma_max)
     if name == "uniform":
         pts = [gamma_min] + _log_segment(gamma_min, gamma_max, steps)
-    elif name in ("sensitive", "paper-exact"):
+    else:  # 'sensitive' / 'paper-exact'
         k1, k2 = SENSITIVE_KNEES
-        if not gamma_min < k1 < k2 < gamma_max:
-            raise ConfigError(f"the sensitive schedule needs gamma_min < {k1} and gamma_max > {k2}; got {gamma_min}, {gamma_max}")
         n1, n2, n3 = sensitive_counts(steps)
         end2 = gamma_max if (name == "paper-exact" and n3 == 0) else k2
         pts = [gamma_min] + _log_segment(gamma_min, k1, n1)
         pts += _log_segment(pts[-1], end2, n2) + _log_segment(k2, gamma_max, n3)
-    else:
-        raise ConfigError(f"schedule={name!r} is not valid; expected one of ['sensitive', 'paper-exact', 'uniform']")
     return torch.tensor(pts, dtype=torch.float64)

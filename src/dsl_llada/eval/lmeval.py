@@ -62,7 +62,7 @@ def sampler_choice(sampler: str, **fields: Any) -> SamplerChoice:
         kw["remdm"] = True
     if sampler == "block-sde" and not kw.get("block_length"):
         raise ValueError("sampler 'block-sde' needs block_length > 0")
-    return SamplerChoice(sampler, cls(**kw))
+    return SamplerChoice(cls(**kw))
 
 
 @register_model("dsl-llada")

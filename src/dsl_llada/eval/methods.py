@@ -63,7 +63,7 @@ def sampler_for(method: MethodSpec, nfe: int, gen_length: int):
         if nfe < 2 or nfe % 2:
             raise ConfigError(f"method {method.name!r} (dsl-sde) cannot take NFE {nfe}: the Heun sampler spends two model "
                               f"evaluations per step, so NFE must be even and >= 2")
-        return SamplerChoice("sde", SDEConfig(**{"nfe": nfe, "gen_length": gen_length, **method.options}))
+        return SamplerChoice(SDEConfig(**{"nfe": nfe, "gen_length": gen_length, **method.options}))
     if p == "block-sde":
         _check_options(method, SDEConfig)
         opts = {**_BLOCK_SDE_DEFAULTS, **method.options}
@@ -77,14 +77,14 @@ def sampler_for(method: MethodSpec, nfe: int, gen_length: int):
             raise ConfigError(f"method {method.name!r} (block-sde, {n_blocks} blocks of {B}) cannot take NFE {nfe}: NFE "
                               f"counts (L/B)(2S+1) forward passes, so it must be one of {n_blocks}*(2S+1), e.g. {ok}")
         S = (int(per_block) - 1) // 2
-        return SamplerChoice("block-sde", SDEConfig(**{**opts, "nfe": 2 * S, "gen_length": gen_length}))
+        return SamplerChoice(SDEConfig(**{**opts, "nfe": 2 * S, "gen_length": gen_length}))
     _check_options(method, RemaskConfig)
     opts = {**_REMASK_PRESETS[p], **method.options}
     try:
         cfg = RemaskConfig(**{**opts, "steps": nfe, "gen_length": gen_length})
     except ConfigError as e:
         raise ConfigError(f"method {method.name!r} ({p}) cannot take NFE {nfe} with gen_length {gen_length}: {e}") from None
-    return SamplerChoice("remdm" if cfg.remdm else "remask", cfg)
+    return SamplerChoice(cfg)
 
 
 def needs_dsl(method: MethodSpec) -> bool:

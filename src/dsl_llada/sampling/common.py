@@ -143,10 +143,10 @@ class ForwardCounter:
         return self.fn(*args, **kwargs)
 
 
-def check_prompt_fits(backbone, prompts: PromptBatch, gen_length: int) -> None:
-    """One clear error when prompt + response exceeds the model's context."""
+def check_prompt_fits(max_length: int | None, prompts: PromptBatch, gen_length: int) -> None:
+    """One clear error when prompt + response exceeds the model's context of `max_length` tokens (None: unknown)."""
     total = prompts.length + gen_length
-    m = backbone.max_length
+    m = max_length
     if m is not None and total > m:
         raise ValueError(f"prompt length {prompts.length} + gen_length {gen_length} = {total} tokens exceeds the "
                          f"model's context of {m}; shorten the prompt or reduce gen_length to at most {m - prompts.length}")

@@ -1,7 +1,8 @@
 """ReMDM-conf-loop: stochastic re-masking of committed tokens inside a loop window (the paper's ReMDM baseline).
 
-The reveal loop is LLaDA's (`remask.sample_remask`); this module holds the ReMDM pieces it calls when
-`RemaskConfig.remdm` is on, and `sample_remdm`, a shortcut that switches it on.
+The reveal loop is LLaDA's (`remask.sample_remask`, with `remask.sample_remdm` as the shortcut that switches
+ReMDM on); this module holds the pure ReMDM pieces that `remask_step.remask_step` calls when `RemaskConfig.remdm`
+is on (paper Appendix "ReMDM Inference Hyperparameters").
 
 Per block step i of S_b, t = 1 - i/S_b. Inside the window t_off < t <= t_on:
     sigma_max = min(1, (1 - alpha_loop) / alpha_loop)
@@ -14,12 +15,7 @@ the token committed at j (`remdm_confidence='committed'`, default) or of the sam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-
-from ..config import RemaskConfig
-from .common import PromptBatch, SampleOutput, StepCallback
 
 WINDOW_TOL = 1e-12
 """Window boundaries are compared with this tolerance so that t = 1 - i/S_b that equals t_off (or t_on) in exact
@@ -67,16 +63,3 @@ def remask_confidence(probs, block_tokens: torch.Tensor, proposal: torch.Tensor,
     if callable(probs):  # a prob_at(idx) function (the sampler avoids materialising the full softmax)
         return probs(idx)
     return probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
-
-
-@torch.no_grad()
-def sample_remdm(model, prompts: PromptBatch, config: RemaskConfig | None = None, *,
-                 generator: torch.Generator | Sequence[torch.Generator] | None = None,
-                 callback: StepCallback | None = None, progress: bool = False,
-                 return_trajectory: bool = False) -> SampleOutput:
-    """ReMDM-conf-loop: `sample_remask` with `config.remdm=True` (paper defaults t_on 0.55, t_off 0.05, alpha 0.9)."""
-    from .remask import sample_remask  # noqa: PLC0415  (the shared reveal loop lives there; remask imports this module)
-
-    config = (config or RemaskConfig()).replace(remdm=True)
-    return sample_remask(model, prompts, config, generator=generator, callback=callback, progress=progress,
-                         return_trajectory=return_trajectory)

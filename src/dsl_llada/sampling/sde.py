@@ -5,8 +5,9 @@ gamma_{s+1} (Delta = gamma_{s+1} - gamma_s) evaluates the denoiser twice:
     v_s  = (ê(y, gamma_s) - y) / gamma_s,           y_e = y + Delta v_s          [+ g_s dW: authors' predictor noise]
     v_e  = (ê(y_e, gamma_{s+1}) - y_e) / gamma_{s+1}
     y   <- y + Delta/2 (v_s + v_e) + 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW,     dW = sqrt(|Delta|) xi
-ê is the top-M renormalised posterior mean over the noise embedding. After S = NFE/2 steps one more forward at
-the final SNR decodes by argmax: forward passes executed = 2S + 1 (reported separately from NFE = 2S).
+ê is the top-M renormalised posterior mean over the noise embedding (`denoiser.Denoiser`). After S = NFE/2 steps
+one more forward at the final SNR decodes by argmax: forward passes executed = 2S + 1 (reported separately from
+NFE = 2S).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from ..config import SDEConfig
 from ..model import DSLModel
 from ..snr import snr_schedule
 from ..utils import progress as progress_bar
-from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
-                     stop_lengths)
+from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
+from .denoiser import Denoiser
 
 Denoise = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+"""What `heun_solve` integrates against: (y, gamma) -> (ê, logits); a `Denoiser` or a test double."""
 
 
 def inference_beta(model: DSLModel, config: SDEConfig) -> float:
@@ -58,13 +60,15 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
 
 
 def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator):
-    """Shared set-up of the SDE samplers: device, context check, RNG, noise table, beta_inf, eta, schedule."""
+    """Shared set-up of the SDE samplers: device, context check, RNG, schedule, and the denoiser (noise table,
+    beta_inf, top-M, attention mask, forward counter) around the clean prompt context."""
     backbone = model.backbone
     prompts = prompts.to(backbone.input_embeddings().weight.device)
-    check_prompt_fits(backbone, prompts, config.gen_length)
+    check_prompt_fits(backbone.max_length, prompts, config.gen_length)
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
-    return (prompts, RowRNG(generator, prompts.batch_size), model.unit_noise(), inference_beta(model, config),
-            config.resolved_eta(), grid, prompts.full_attention_mask(config.gen_length), ForwardCounter(backbone))
+    denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=inference_beta(model, config),
+                                  top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length))
+    return prompts, RowRNG(generator, prompts.batch_size), grid, denoiser
 
 
 def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -89,21 +93,9 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     if config.block_length:
         return sample_block_sde(model, prompts, config, generator=generator, callback=callback, progress=progress,
                                 return_trajectory=return_trajectory)
-    prompts, rng, E, beta, eta, grid, attn, forward = _prepare(model, prompts, config, generator)
-    L, B, P = config.gen_length, prompts.batch_size, prompts.length
-    h_ctx = model.context_embed(prompts.ids)
-    dtype = h_ctx.dtype
-
-    def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
-        h = model.converter(gamma * y, E, beta).to(dtype)
-        return forward(torch.cat([h_ctx, h], dim=1), attn)[:, P:]
-
+    prompts, rng, grid, denoise = _prepare(model, prompts, config, generator)
+    L, B = config.gen_length, prompts.batch_size
     mask_id = model.special.mask
-
-    def denoise(y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = logits_at(y, gamma)
-        return model.posterior_mean(logits, config.top_m, E), logits
-
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
 
     def on_step(s: int, gamma: float, logits: torch.Tensor) -> None:
@@ -115,11 +107,11 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
         if callback is not None:
             callback(StepInfo(step=s, total_steps=config.steps, tokens=tokens, gamma=gamma))
 
-    y0 = _unit_init(rng, (B, L, model.noise_dim), h_ctx.device)
-    y = heun_solve(denoise, y0, grid, eta=eta, predictor_noise=config.predictor_noise, rng=rng, on_step=on_step,
-                   show_progress=progress)
-    ids = decode_argmax(logits_at(y, float(grid[-1])), mask_id)
-    return _finish(model, ids, config, nfe=2 * config.steps, forwards=forward.count, trajectory=trajectory)
+    y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
+    y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
+                   on_step=on_step, show_progress=progress)
+    ids = decode_argmax(denoise.logits(y, float(grid[-1])), mask_id)
+    return _finish(model, ids, config, nfe=2 * config.steps, forwards=denoise.forward_passes, trajectory=trajectory)
 
 
 @torch.no_grad()
@@ -130,24 +122,17 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     """Block SDE: blocks of B tokens left to right; committed blocks are clean context, future blocks are
     [MASK] embeddings, the current block runs the Heun loop then is decoded by argmax and committed.
     Forward passes = (L / B) (2S + 1)."""
-    prompts, rng, E, beta, eta, grid, attn, forward = _prepare(model, prompts, config, generator)
-    L, Bsz, P, blk = config.gen_length, prompts.batch_size, prompts.length, config.block_length
+    prompts, rng, grid, first = _prepare(model, prompts, config, generator)
+    L, Bsz, blk = config.gen_length, prompts.batch_size, config.block_length
     mask_id = model.special.mask
     response = torch.full((Bsz, L), mask_id, dtype=torch.long, device=prompts.ids.device)
     n_blocks = L // blk
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     for k in range(n_blocks):
         lo, hi = k * blk, (k + 1) * blk
-        before = model.context_embed(torch.cat([prompts.ids, response[:, :lo]], dim=1))
-        after = model.mask_embed(response[:, hi:])
-
-        def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
-            h = model.converter(gamma * y, E, beta).to(before.dtype)
-            return forward(torch.cat([before, h, after], dim=1), attn)[:, P + lo : P + hi]
-
-        def denoise(y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = logits_at(y, gamma)
-            return model.posterior_mean(logits, config.top_m, E), logits
+        # committed blocks are clean context, future blocks the converter's [MASK] slot (paper §3, Block SDE)
+        denoise = first.with_context(model.context_embed(torch.cat([prompts.ids, response[:, :lo]], dim=1)),
+                                     future=model.mask_embed(response[:, hi:]))
 
         def on_step(s: int, gamma: float, logits: torch.Tensor, k: int = k, lo: int = lo, hi: int = hi) -> None:
             if trajectory is None and callback is None:
@@ -160,12 +145,12 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
                 callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps, tokens=tokens,
                                   gamma=gamma, extra={"block": k}))
 
-        y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), before.device)
-        y = heun_solve(denoise, y0, grid, eta=eta, predictor_noise=config.predictor_noise, rng=rng, on_step=on_step,
-                       show_progress=progress, desc=f"block {k + 1}/{n_blocks}")
-        response[:, lo:hi] = decode_argmax(logits_at(y, float(grid[-1])), mask_id)
+        y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
+        y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
+                       on_step=on_step, show_progress=progress, desc=f"block {k + 1}/{n_blocks}")
+        response[:, lo:hi] = decode_argmax(denoise.logits(y, float(grid[-1])), mask_id)
     nfe = n_blocks * 2 * config.steps
-    return _finish(model, response, config, nfe=nfe, forwards=forward.count, trajectory=trajectory)
+    return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory)
 
 
 def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, forwards: int,
@@ -175,4 +160,4 @@ def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, 
     else:
         lengths = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
     return SampleOutput(ids=ids.cpu(), lengths=lengths.cpu(), nfe=nfe, forward_passes=forwards,
-                        trajectory=trajectory, config={"sampler": "sde", **config.to_dict()})
+                        trajectory=trajectory, config={"sampler": config.sampler_name, **config.to_dict()})

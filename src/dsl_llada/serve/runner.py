@@ -10,26 +10,18 @@ import torch
 
 from ..config import RemaskConfig, SDEConfig
 from ..model import DSLModel
-from ..sampling import (
-    PromptBatch,
-    SampleOutput,
-    StepInfo,
-    sample_remask,
-    sample_remdm,
-    sample_sde,
-)
+from ..sampling import PromptBatch, SampleOutput, StepInfo
+from ..sampling.dispatch import sample
 from .batcher import Job
 
 
 def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
                 generators: Sequence[torch.Generator], callback: Callable[[StepInfo], None] | None = None) -> SampleOutput:
-    """Dispatch to `sample_sde` (sde, block-sde), `sample_remask` or `sample_remdm` with one generator per row."""
-    if name in ("sde", "block-sde"):
-        if not isinstance(model, DSLModel):
-            raise ValueError(f"sampler {name!r} needs a DSL checkpoint; this model is a bare backbone")
-        return sample_sde(model, prompts, config, generator=list(generators), callback=callback)
-    fn = sample_remdm if name == "remdm" else sample_remask
-    return fn(model, prompts, config, generator=list(generators), callback=callback)
+    """One batch through the sampler that the config's type picks (`sampling.dispatch.sample`), one generator per
+    row; `name` (the request's sampler) must be the config's own."""
+    if config.sampler_name != name:
+        raise ValueError(f"sampler {name!r} does not match its config (which runs {config.sampler_name!r})")
+    return sample(model, prompts, config, generator=list(generators), callback=callback)
 
 
 def seeded_generator(seed: int) -> torch.Generator:

@@ -15,7 +15,7 @@ import torch
 from ..config import RemaskConfig, SDEConfig
 from ..eval import metrics as M
 from ..eval.correction import aggregate_fix_clean, fix_clean_records
-from ..generation import SamplerChoice, run_sampler
+from ..generation import SamplerChoice, run_sampler, sample_in_batches
 from ..sampling.common import PromptBatch
 from .tasks import TaskExample, render_prompt, response_words, score_response
 from .world import ToyWorld
@@ -34,12 +34,11 @@ class Method:
 
     def choice(self, nfe: int, gen_length: int) -> SamplerChoice:
         if self.sampler == "sde":
-            return SamplerChoice("sde", SDEConfig(nfe=nfe, gen_length=gen_length, **self.options))
+            return SamplerChoice(SDEConfig(nfe=nfe, gen_length=gen_length, **self.options))
         opts = dict(self.options)
         if opts.pop("blocks", None):
             opts["block_length"] = gen_length // BLOCKS
-        return SamplerChoice("remdm" if opts.get("remdm") else "remask",
-                             RemaskConfig(steps=nfe, gen_length=gen_length, **opts))
+        return SamplerChoice(RemaskConfig(steps=nfe, gen_length=gen_length, **opts))
 
 
 BLOCKS = 4
@@ -69,11 +68,8 @@ def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, token
         model = models[method.model]
         for nfe in nfes:
             choice = method.choice(nfe, gen_length)
-            for start in range(0, len(examples), batch_size):
-                rows = prompt_ids[start : start + batch_size]
-                batch = PromptBatch.from_lists(rows, pad_id=model.special.pad_id)
-                gens = [torch.Generator().manual_seed(seed * 100_003 + start + j) for j in range(len(rows))]
-                out = run_sampler(model, batch, choice, generator=gens)
+            for start, out in sample_in_batches(model, prompt_ids, choice, batch_size=batch_size,
+                                                seed_of=lambda i: seed * 100_003 + i):
                 for j, ids in enumerate(out.ids.tolist()):
                     i = start + j
                     text = tokenizer.decode(ids, skip_special_tokens=False)

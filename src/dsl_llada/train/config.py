@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..config import ConfigBase, ConfigError, DSLConfig, _check
+from ..config import ConfigBase, ConfigError, DSLConfig, _check  # one validation helper for every config
 from .data_config import DataConfig
 from .objectives import OBJECTIVES, ObjectiveConfig
 

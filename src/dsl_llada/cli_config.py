@@ -1,0 +1,126 @@
+"""Command-line flags generated from config dataclasses, so a new config field reaches the CLI by itself.
+
+Each field becomes `--field-name` with its type (int / float / str; `X | None` parses an X), its choices (a
+`Literal`), its help (the field's docstring) and its default (shown in the help; the flag itself defaults to
+"not given", so the dataclass's own default applies and is never restated here). Booleans get `--x / --no-x`.
+Any subcommand can use it: `add_config_args(parser, (SDEConfig, "sde"))`, then `config_from_args(SDEConfig, args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+__all__ = ["add_config_args", "config_from_args", "field_docs", "given_fields"]
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (the string literal right after its annotation)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # inherited fields first, overridden ones win
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _kind(tp: Any) -> tuple[type, tuple | None]:
+    """(scalar type, choices or None) of a field annotation; `X | None` is X (None stays the config's default)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return _kind(rest[0])
+    if typing.get_origin(tp) is Literal:
+        return type(args[0]), tuple(args)
+    if tp in (bool, int, float, str):
+        return tp, None
+    raise TypeError(f"cannot make a command-line flag for a field of type {tp!r}; exclude it or add support here")
+
+
+def _fmt(value: Any) -> str:
+    return str(value).replace("%", "%%")
+
+
+def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *configs: tuple[type, str],
+                    exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None) -> None:
+    """Add one flag per field of each `(config class, label)`; a field shared by several classes is one flag whose
+    help names each class's label (e.g. 'sde: ...; remask: ...' when their docstrings differ).
+
+    exclude: field names that get no flag (set by the caller instead). negative_aliases: extra spellings that set a
+    boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines.
+    """
+    skip = set(exclude)
+    merged: dict[str, list[tuple[str, Any, str, Any]]] = {}  # field -> [(label, type, doc, default)]
+    for cls, label in configs:
+        hints = typing.get_type_hints(cls)
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in skip or f.name.startswith("_"):
+                continue
+            if f.name not in docs:
+                raise TypeError(f"{cls.__name__}.{f.name} has no docstring; the CLI help is made from it")
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            merged.setdefault(f.name, []).append((label, hints[f.name], docs[f.name], default))
+    for name, entries in merged.items():
+        kinds = {_kind(tp) for _, tp, _, _ in entries}
+        if len(kinds) > 1:
+            raise TypeError(f"field {name!r} has different types in {[lbl for lbl, *_ in entries]}: {kinds}")
+        (scalar, choices), = kinds
+        docs = list(dict.fromkeys(doc for _, _, doc, _ in entries))
+        defaults = list(dict.fromkeys(repr(default) for *_, default in entries))
+        if len(defaults) == 1:
+            text = docs[0] if len(docs) == 1 else "; ".join(f"{lbl}: {doc.rstrip('.')}" for lbl, _, doc, _ in entries)
+            help_text = f"{_fmt(text)} (default: {_fmt(entries[0][3])})"
+        else:
+            help_text = "; ".join(f"{lbl}: {_fmt(doc)} (default: {_fmt(default)})" for lbl, _, doc, default in entries)
+        labels = sorted({lbl for lbl, *_ in entries}, key=[lbl for _, lbl in configs].index)
+        if len(labels) < len(configs):
+            help_text = f"[{', '.join(labels)}] {help_text}"
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if scalar is bool:
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kw)
+        else:
+            metavar = None if choices else scalar.__name__.upper()
+            parser.add_argument(_flag(name), type=scalar, choices=choices, metavar=metavar, **kw)
+        alias = (negative_aliases or {}).get(name)
+        if alias:
+            parser.add_argument(alias, dest=name, action="store_false", default=argparse.SUPPRESS,
+                                help=f"same as --no-{name.replace('_', '-')}")
+
+
+def given_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of `cls` given on the command line (flags that were not given are absent from `args`)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+
+
+def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[type] = (), **fixed: Any) -> Any:
+    """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
+
+    others: config classes whose flags share the parser; one of their fields given on the command line that `cls`
+    does not have is a ValueError naming the flag (it would otherwise be silently ignored).
+    """
+    own = {f.name for f in dataclasses.fields(cls)}
+    stray = sorted({n for other in others for n in given_fields(other, args)} - own)
+    if stray:
+        flags = ", ".join(_flag(n) for n in stray)
+        raise ValueError(f"{flags} {'does' if len(stray) == 1 else 'do'} not apply here: {cls.__name__} has no such "
+                         f"field (its flags: {', '.join(_flag(n) for n in sorted(own & set(field_docs(cls))))})")
+    return cls(**{**given_fields(cls, args), **fixed})

@@ -1,0 +1,73 @@
+"""The SDE denoiser ê(y, γ) as one object, shared by the SDE samplers, tests and benchmarks.
+
+One evaluation (paper Algorithm 2, "construct converter input" to "denoiser from Logits"; ê is §3.2's
+clean-token embedding estimate):
+    h      = converter(γ · y, E, β_inf)                 noisy response states -> backbone input embeddings
+    logits = backbone([context | h | future])[window]   clean context before, [MASK] embeddings after (Block SDE)
+    ê      = Σ_{v in top-M} softmax(logits)_v E_v       the top-M renormalised posterior mean over the noise table
+
+`Denoiser.logits` is the single place that decides which positions get logits (today: the backbone computes
+every position and the response window is sliced out); a faster backbone call changes only that method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..model import DSLModel
+from .common import ForwardCounter
+
+
+@dataclass(frozen=True, eq=False)
+class Denoiser:
+    """ê(y, γ) for the response window that follows `context`; calling it returns (ê, logits).
+
+    y: (B, W, d) normalised noisy states of the W window positions; γ: the SNR of this evaluation.
+    """
+
+    model: DSLModel
+    context: torch.Tensor
+    """(B, C, H) clean input embeddings before the window (prompt, and committed blocks in Block SDE)."""
+    noise_table: torch.Tensor
+    """E, the (V+1, d) unit-norm noise embedding (`model.unit_noise()`), fixed for a whole sampler call."""
+    beta: float
+    """β_inf, the converter sharpness at inference (`inference_beta`)."""
+    top_m: int
+    """Tokens kept (renormalised) in the posterior mean; 0 = full softmax."""
+    attention_mask: torch.Tensor | None
+    """HF keep-mask over [context | window | future] (None when nothing is padded)."""
+    forward: ForwardCounter
+    """The backbone, wrapped so that every executed forward pass is counted (shared across blocks)."""
+    future: torch.Tensor | None = None
+    """(B, F, H) input embeddings after the window (Block SDE, paper Appendix "Block SDE: Untapped Inference
+    Headroom": the converter's [MASK] slot for future blocks); None = nothing after the window."""
+
+    @classmethod
+    def for_model(cls, model: DSLModel, context: torch.Tensor, *, beta: float, top_m: int,
+                  attention_mask: torch.Tensor | None = None, future: torch.Tensor | None = None) -> "Denoiser":
+        """A denoiser with a fresh forward counter around `model.backbone` and E = `model.unit_noise()`."""
+        return cls(model, context, model.unit_noise(), beta, top_m, attention_mask, ForwardCounter(model.backbone),
+                   future)
+
+    def with_context(self, context: torch.Tensor, future: torch.Tensor | None = None) -> "Denoiser":
+        """The same denoiser (same E, β, counter) around another window (Block SDE: the next block)."""
+        return replace(self, context=context, future=future)
+
+    @property
+    def forward_passes(self) -> int:
+        """Backbone forwards executed so far through this denoiser and its `with_context` copies."""
+        return self.forward.count
+
+    def logits(self, y: torch.Tensor, gamma: float) -> torch.Tensor:
+        """(B, W, V) backbone logits at the window positions for states y at SNR gamma (one forward pass)."""
+        h = self.model.converter(gamma * y, self.noise_table, self.beta).to(self.context.dtype)
+        parts = [self.context, h] if self.future is None else [self.context, h, self.future]
+        start = self.context.shape[1]
+        return self.forward(torch.cat(parts, dim=1), self.attention_mask)[:, start : start + y.shape[1]]
+
+    def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ê, logits): the top-M posterior mean over E (B, W, d) and the window logits it came from."""
+        logits = self.logits(y, gamma)
+        return self.model.posterior_mean(logits, self.top_m, self.noise_table), logits

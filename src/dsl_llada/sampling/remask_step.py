@@ -1,0 +1,142 @@
+"""One step of LLaDA's discrete remasking (and of ReMDM-conf-loop), as a pure function with a documented output.
+
+Given the current block's logits and tokens, `remask_step` makes the proposal x0, optionally re-masks committed
+tokens (ReMDM, see `remdm.py`), scores each masked position's confidence and commits the top-k of them, where k
+follows LLaDA's linear schedule (`transfer_counts`). It changes none of its inputs; the sampling loop around it
+(`remask.sample_remask`) runs the model, applies guidance and token bans, and writes the returned tokens back.
+This is the paper's LLaDA / LLaDA* baselines (§4 "Setup"; Appendix "LLaDA+EOS+Block") and, with
+`config.remdm`, its LLaDA ReMDM baseline (ReMDM-conf-loop, Appendix "ReMDM Inference Hyperparameters").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..config import RemaskConfig
+from .common import RowRNG
+from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sigma_max
+
+__all__ = ["RemaskStep", "banned_ids", "block_schedule", "remask_step", "suppressed_steps", "transfer_counts"]
+
+NEG_INF = float("-inf")
+
+
+def transfer_counts(n_masked: int, steps: int) -> list[int]:
+    """LLaDA's linear schedule: `steps` counts summing to n_masked; base n // steps, the first n % steps get +1."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
+    if n_masked < 0:
+        raise ValueError(f"n_masked={n_masked} must be >= 0")
+    base, extra = divmod(int(n_masked), int(steps))
+    return [base + 1 if i < extra else base for i in range(steps)]
+
+
+def suppressed_steps(ratio: float, steps_per_block: int) -> int:
+    """floor(ratio * S_b): how many leading steps of each block ban EOS and EoT (tolerant of float rounding)."""
+    return min(steps_per_block, int(math.floor(ratio * steps_per_block + 1e-9)))
+
+
+def block_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """(B, W) bool -> (B, steps) long commit counts, computed per row from that row's number of masks."""
+    rows = [transfer_counts(int(m), steps) for m in masked.sum(dim=1).tolist()]
+    return torch.tensor(rows, dtype=torch.long, device=masked.device)
+
+
+def banned_ids(config: RemaskConfig, special, block_step: int, n_suppress: int) -> list[int]:
+    """Token ids whose logits are -inf at this block step: EOS (and EoT) with `eos_inf`, every stop id during the
+    first `n_suppress` steps of a block (`eos_suppress_ratio`)."""
+    banned: list[int] = []
+    if config.eos_inf:
+        banned.append(special.eos)
+        if config.eos_inf_include_eot and special.eot is not None:
+            banned.append(special.eot)
+    if block_step < n_suppress:
+        banned.extend(special.stop_ids())
+    return sorted(set(banned))
+
+
+def _topk_mask(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Per row, True at the k[row] highest-confidence positions (ties: lower index first). Callers AND the result
+    with eligibility, so ineligible (-inf) positions are never committed even when k exceeds the eligible count."""
+    order = torch.argsort(conf, dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(conf.shape[-1], device=conf.device).expand_as(order))
+    return rank < k.unsqueeze(-1)
+
+
+def _uniform(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Float64 U[0, 1) draws (RowRNG draws on the generator's own device, so a CPU generator works with a GPU model)."""
+    return rng.rand(shape, device=device, dtype=torch.float64)
+
+
+@dataclass
+class RemaskStep:
+    """What one remasking step decided for the current block (all (B, W) over the block's positions)."""
+
+    tokens: torch.Tensor
+    """The block after the step: committed tokens, [MASK] where still (or again) masked."""
+    proposal: torch.Tensor
+    """x0, the proposed token per position (argmax, or Gumbel-max at temperature > 0); [MASK] is never proposed."""
+    committed: torch.Tensor
+    """bool: positions committed (unmasked) in this step."""
+    remasked: torch.Tensor
+    """bool: committed positions that ReMDM re-masked in this step (all False outside the loop window)."""
+    t: float
+    """Block time t = 1 - i/S_b of this step."""
+    in_loop: bool
+    """Whether ReMDM's loop window t_off < t <= t_on was active."""
+
+
+def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.Tensor, *, block_step: int,
+                steps_per_block: int, config: RemaskConfig, mask_id: int, rng: RowRNG) -> RemaskStep:
+    """One step on the current block; changes none of its inputs.
+
+    logits: (B, W, V) float32 logits of the block's positions, after guidance and token bans ([MASK] at -inf).
+    block_tokens: (B, W) current tokens ([MASK] = not yet committed). quota: (B,) LLaDA's commit count for this
+    step (`block_schedule(...)[:, block_step]`). Random draws, in this order and only when needed: the Gumbel
+    noise (temperature > 0), ReMDM's re-mask draws (inside the loop window), the random confidences
+    (remasking='random').
+    """
+    device = logits.device
+    S_b, i = steps_per_block, block_step
+    T = float(config.temperature)
+    # proposal x0: argmax of exp(logits) / (-log U)^T  ==  argmax of logits - T log(-log U)  (LLaDA's Gumbel-max)
+    if T > 0:
+        u = _uniform(rng, tuple(logits.shape), device)
+        x0 = (logits.double() - T * torch.log(-torch.log(u))).argmax(dim=-1)
+    else:
+        x0 = logits.argmax(dim=-1)  # fp32 -> fp64 is exact, so this equals the float64 argmax
+    lse = torch.logsumexp(logits, dim=-1).double()
+
+    def probs(idx: torch.Tensor) -> torch.Tensor:
+        """softmax(logits)[idx] in float64, computed only at the gathered ids."""
+        return (logits.gather(-1, idx.unsqueeze(-1)).squeeze(-1).double() - lse).exp()
+
+    xb = block_tokens.clone()
+    masked = xb == mask_id
+    t = loop_time(i, S_b)
+    in_loop = config.remdm and in_loop_window(t, config.remdm_t_on, config.remdm_t_off)
+    remasked = torch.zeros_like(masked)
+    if in_loop:
+        conf_r = remask_confidence(probs, xb, x0, masked, config.remdm_confidence)
+        eta = remask_probabilities(conf_r, ~masked, sigma_max(config.remdm_alpha_loop))
+        remasked = (~masked) & (_uniform(rng, tuple(masked.shape), device) < eta)
+        xb = xb.masked_fill(remasked, mask_id)
+        masked = masked | remasked
+
+    if config.remasking == "low_confidence":
+        conf = probs(x0)
+    else:
+        conf = _uniform(rng, tuple(masked.shape), device)
+    conf = conf.masked_fill(~masked, NEG_INF)
+    k = quota.clone()
+    if not (config.remdm and config.remdm_authors_quota):
+        k = k + remasked.sum(dim=1)  # re-masked tokens are re-revealed this step: masks never accumulate
+        if i == S_b - 1:
+            k = masked.sum(dim=1)  # the last step of a block resolves every remaining mask
+    commit = _topk_mask(conf, k) & masked
+    return RemaskStep(tokens=torch.where(commit, x0, xb), proposal=x0, committed=commit, remasked=remasked, t=t,
+                      in_loop=bool(in_loop))
