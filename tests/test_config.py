@@ -86,8 +86,8 @@ def test_every_default_constructible_config_round_trips(tmp_path):
         assert cls.__dataclass_params__.frozen, f"{cls.__qualname__} must be a frozen dataclass"
         try:
             obj = cls()
-        except TypeError:  # required fields (e.g. SpecialTokens): covered above
-            continue
+        except (TypeError, ValueError):  # required fields (e.g. SpecialTokens) or content (EvalConfig's models):
+            continue                     # covered by their own tests
         assert cls.from_dict(obj.to_dict()) == obj, cls.__qualname__
         path = tmp_path / f"{cls.__qualname__}.json"
         obj.save(path)
