@@ -23,7 +23,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-m", type=int, default=512, help="SDE denoiser top-M (default 512)")
     g.add_argument("--beta-scale", type=float, default=2.0, help="SDE: beta_inf = scale x trained beta (default 2)")
     g.add_argument("--beta-absolute", type=float, default=None, help="SDE: absolute beta_inf (overrides --beta-scale)")
-    g.add_argument("--predictor-noise", action="store_true", help="SDE: authors' variant with noise in the predictor")
+    g.add_argument("--predictor-noise", action=argparse.BooleanOptionalAction, default=True,
+                   help="SDE: noise also in the Heun predictor (default; the authors' sampler behind the paper's "
+                        "numbers); --no-predictor-noise = Algorithm 2 as printed")
     g.add_argument("--steps", type=int, default=64, help="remask/remdm: denoising steps (default 64)")
     g.add_argument("--block-length", type=int, default=0, help="block length (remask: semi-AR blocks; block-sde: B)")
     g.add_argument("--temperature", type=float, default=0.0, help="remask: Gumbel temperature (0 = greedy)")
