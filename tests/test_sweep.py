@@ -131,7 +131,8 @@ def test_sweep_config_errors_and_cli_flags(capsys):
         SweepConfig(nfes=(3,))
     with pytest.raises(ConfigError, match="groups=.*choose from"):
         SweepConfig(groups=("nope",))
-    assert SweepConfig.preset(quick=True).nfes == (8, 16) and SweepConfig.preset(quick=False).nfes == (8, 16, 64)
+    assert SweepConfig.preset(quick=True).nfes == SweepConfig.preset(quick=False).nfes == (8, 16, 64)
+    assert (SweepConfig.preset(quick=True).n_open, SweepConfig.preset(quick=False).n_open) == (8, 96)
     assert SweepConfig.preset(quick=False, n_open=10).n_summarize == 5
     a = build_parser().parse_args(["demo", "--sweep", "--sweep-prompts", "12"])
     assert a.sweep and a.sweep_prompts == 12

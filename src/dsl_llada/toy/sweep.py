@@ -117,7 +117,7 @@ class SweepConfig(ConfigBase):
 
     @classmethod
     def preset(cls, *, quick: bool, n_open: int | None = None, seed: int = 0) -> "SweepConfig":
-        base = cls(nfes=(8, 16), n_open=8, n_summarize=4, seed=seed) if quick else cls(seed=seed)
+        base = cls(n_open=8, n_summarize=4, seed=seed) if quick else cls(seed=seed)
         return base if n_open is None else base.replace(n_open=n_open, n_summarize=n_open // 2)
 
     def settings(self) -> list[SweepSetting]:
