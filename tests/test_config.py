@@ -22,7 +22,7 @@ CONFIGS = [
     DSLConfig(converter=ConverterConfig(noise_dim=12, layout="paper"), context_embedding="wte", backbone_type="dream"),
     SDEConfig(),
     SDEConfig(nfe=8, gen_length=32, schedule="paper-exact", gamma_min=0.05, gamma_max=120.0, eta=0.0, top_m=0,
-              beta_scale=1.5, beta_absolute=2.0, predictor_noise=True, truncate_at_eos=False, block_length=8),
+              beta_scale=1.5, beta_absolute=2.0, predictor_noise=False, truncate_at_eos=False, block_length=8),
     SDEConfig(schedule="uniform", eta=0.3),
     RemaskConfig(),
     RemaskConfig(steps=32, gen_length=64, block_length=16, remasking="random", temperature=0.7, cfg_scale=1.5,
@@ -225,7 +225,7 @@ def test_paper_defaults():
     s = SDEConfig()
     assert (s.nfe, s.gen_length, s.schedule, s.gamma_min, s.gamma_max, s.top_m, s.beta_scale) == \
         (64, 256, "sensitive", 0.01, 100.0, 512, 2.0)
-    assert s.eta is None and s.beta_absolute is None and not s.predictor_noise and s.truncate_at_eos
+    assert s.eta is None and s.beta_absolute is None and s.predictor_noise and s.truncate_at_eos  # authors' sampler
     c = ConverterConfig()
     assert (c.noise_dim, c.beta_init, c.layout, c.noise_seed) == (100, 1.0, "released", 42)
     n = SNRConfig()

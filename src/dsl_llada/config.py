@@ -135,7 +135,8 @@ class DSLConfig(ConfigBase):
 
 @dataclass(frozen=True)
 class SDEConfig(ConfigBase):
-    """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference')."""
+    """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference') run
+    with the authors' sampler (noise in the Heun predictor, the code behind the paper's numbers)."""
 
     nfe: int = 64
     """Solver model evaluations N (even); S = N/2 Heun steps; forward passes actually run = N + 1."""
@@ -155,8 +156,11 @@ class SDEConfig(ConfigBase):
     """beta_inf = beta_scale * trained beta (paper 'inference converter multiplier' 2.0)."""
     beta_absolute: float | None = None
     """If set, beta_inf = this value regardless of the trained beta (authors' Block-SDE/registry scripts use 2.0)."""
-    predictor_noise: bool = False
-    """Authors' code: also add g*dW to the Euler predictor, reusing the same dW in the corrector."""
+    predictor_noise: bool = True
+    """True (default; the authors' code, the sampler that produced the paper's numbers): the Euler predictor also
+    gets g_s*dW and the corrector reuses the same dW, so the effective noise per step is (eta/gamma_{s+1})*dW.
+    False = 'Algorithm 2 as printed' (noise only in the final update): 1/2 (eta/gamma_s + eta/gamma_{s+1})*dW,
+    about 350x more at the first step 0.01 -> 7 (docs/samplers.md). Irrelevant when eta = 0."""
     truncate_at_eos: bool = True
     """Cut the response at the first EOS/EoT (paper). False keeps every position (authors decode with skip_special_tokens)."""
     block_length: int = 0

@@ -2,9 +2,11 @@
 
 State: normalised y = z / gamma per response position (unit-norm random init). Each Heun step from gamma_s to
 gamma_{s+1} (Delta = gamma_{s+1} - gamma_s) evaluates the denoiser twice:
-    v_s  = (ê(y, gamma_s) - y) / gamma_s,           y_e = y + Delta v_s          [+ g_s dW: authors' predictor noise]
+    v_s  = (ê(y, gamma_s) - y) / gamma_s,           y_e = y + Delta v_s + g_s dW  (g_s = eta/gamma_s; predictor noise)
     v_e  = (ê(y_e, gamma_{s+1}) - y_e) / gamma_{s+1}
     y   <- y + Delta/2 (v_s + v_e) + 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW,     dW = sqrt(|Delta|) xi
+Predictor noise (the authors' code, default) makes the explicit noise per step (eta/gamma_{s+1}) dW; without it
+('Algorithm 2 as printed', predictor_noise=False) it is 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW (docs/samplers.md).
 ê is the top-M renormalised posterior mean over the noise embedding (`denoiser.Denoiser`). After S = NFE/2 steps
 one more forward at the final SNR decodes by argmax: forward passes executed = 2S + 1 (reported separately from
 NFE = 2S).

@@ -45,10 +45,13 @@ BLOCKS = 4
 """LLaDA+EOS+Block uses gen_length/4-token blocks (the paper: 32 of 256 = 8 blocks; 4 keeps NFE 4 valid)."""
 
 PAPER_METHODS = (
+    # The paper's defaults (eta by NFE, beta_inf = 2 beta, top-M 512, sensitive schedule) with the authors' sampler:
+    # noise also in the Heun predictor, so a step adds (eta/gamma_{s+1}) dW (0.38 eta xi on the first step 0.01 -> 7).
     Method("DSL-SDE", "dsl", "sde"),
-    # The paper's eta schedule was tuned for LLaDA-8B: its first Heun step (0.01 -> 7) injects per-coordinate noise
-    # of about 132*eta against a unit-norm state (1/sqrt(d) per coordinate), which swamps the toy model's signal.
-    Method("DSL-SDE (eta=0, beta x1)", "dsl", "sde", {"eta": 0.0, "beta_scale": 1.0}),
+    # Algorithm 2 as printed: noise only in the final update, 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW -- about 132 eta
+    # per coordinate on the first step against a unit-norm state (1/sqrt(d) per coordinate), 350x the authors'.
+    Method("DSL-SDE (Alg. 2 as printed)", "dsl", "sde", {"predictor_noise": False}),
+    Method("DSL-SDE (eta=0)", "dsl", "sde", {"eta": 0.0}),
     Method("LLaDA", "base", "remask"),
     Method("LLaDA+EOS", "base", "remask", {"eos_inf": True}),
     Method("LLaDA+EOS+Block", "base", "remask", {"eos_inf": True, "blocks": True}),
@@ -70,9 +73,11 @@ def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, token
             choice = method.choice(nfe, gen_length)
             for start, out in sample_in_batches(model, prompt_ids, choice, batch_size=batch_size,
                                                 seed_of=lambda i: seed * 100_003 + i):
+                # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
+                keep_all = not out.config.get("truncate_at_eos", True)
                 for j, ids in enumerate(out.ids.tolist()):
                     i = start + j
-                    text = tokenizer.decode(ids, skip_special_tokens=False)
+                    text = tokenizer.decode(ids, skip_special_tokens=keep_all)
                     records.append(score_record(world, examples[i], text, method=method.name, nfe=nfe,
                                                 seed=seed * 100_003 + i, index=i, forward_passes=out.forward_passes))
             if on_progress is not None:
