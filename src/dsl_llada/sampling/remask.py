@@ -22,7 +22,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from ..backbones.base import with_positions
 from ..config import RemaskConfig
+from ..numerics import denormals_flushed_during
 from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
@@ -96,6 +98,7 @@ def _banned_ids(config: RemaskConfig, special, block_step: int, n_suppress: int)
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = None, *,
                   generator: torch.Generator | Sequence[torch.Generator] | None = None,
                   callback: StepCallback | None = None, progress: bool = False,
@@ -118,7 +121,7 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
     x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)
     attn = prompts.full_attention_mask(L)
     prompt_real = prompts.attention_mask.to(torch.bool)
-    forward = ForwardCounter(model.logits_from_ids)
+    forward = ForwardCounter(with_positions(model.logits_from_ids))
 
     blk = config.effective_block_length
     n_blocks = L // blk
@@ -138,11 +141,11 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
 
         # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
         # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
-        logits = forward(x, attn)[:, lo:hi].float()
+        logits = forward(x, attn, positions=slice(lo, hi)).float()
         if config.cfg_scale > 0:
             un_x = x.clone()
             un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = forward(un_x, attn)[:, lo:hi].float()
+            un = forward(un_x, attn, positions=slice(lo, hi)).float()
             logits = un + (config.cfg_scale + 1.0) * (logits - un)
         logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
         for tok in _banned_ids(config, special, i, n_suppress):

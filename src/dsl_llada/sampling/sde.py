@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..config import SDEConfig
 from ..model import DSLModel
+from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
 from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
@@ -79,6 +80,7 @@ def _unit_init(rng: RowRNG, shape: tuple[int, ...], device) -> torch.Tensor:
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None = None, *,
                generator: torch.Generator | Sequence[torch.Generator] | None = None,
                callback: StepCallback | None = None, progress: bool = False,
@@ -96,7 +98,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
 
     def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
         h = model.converter(gamma * y, E, beta).to(dtype)
-        return forward(torch.cat([h_ctx, h], dim=1), attn)[:, P:]
+        return forward(torch.cat([h_ctx, h], dim=1), attn, positions=slice(P, None))
 
     mask_id = model.special.mask
 
@@ -123,6 +125,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *,
                      generator: torch.Generator | Sequence[torch.Generator] | None = None,
                      callback: StepCallback | None = None, progress: bool = False,
@@ -143,7 +146,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
 
         def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
             h = model.converter(gamma * y, E, beta).to(before.dtype)
-            return forward(torch.cat([before, h, after], dim=1), attn)[:, P + lo : P + hi]
+            return forward(torch.cat([before, h, after], dim=1), attn, positions=slice(P + lo, P + hi))
 
         def denoise(y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
             logits = logits_at(y, gamma)
