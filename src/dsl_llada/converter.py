@@ -207,6 +207,9 @@ class Converter(nn.Module):
         step = self.cfg.token_chunk or n or 1
         H = self.backbone_embedding.out_features
         if self._needs_grad(flat, E, b):  # autograd: no in-place output, optionally recompute chunks in backward
+            if tolerance:
+                raise ValueError(f"tolerance={tolerance!r}: the sparse converter is an inference path; calls that "
+                                 f"need gradients (training) use the exact dense converter (tolerance=0)")
             ckpt = self.cfg.checkpoint_chunks
             outs = [checkpoint(self._chunk, flat[s: s + step], E, b, use_reentrant=False) if ckpt
                     else self._chunk(flat[s: s + step], E, b) for s in range(0, n, step)]

@@ -97,7 +97,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     dtype = h_ctx.dtype
 
     def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
-        h = model.converter(gamma * y, E, beta).to(dtype)
+        h = model.converter(gamma * y, E, beta, tolerance=config.converter_tolerance).to(dtype)
         return forward(torch.cat([h_ctx, h], dim=1), attn, positions=slice(P, None))
 
     mask_id = model.special.mask
@@ -145,7 +145,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
         after = model.mask_embed(response[:, hi:])
 
         def logits_at(y: torch.Tensor, gamma: float) -> torch.Tensor:
-            h = model.converter(gamma * y, E, beta).to(before.dtype)
+            h = model.converter(gamma * y, E, beta, tolerance=config.converter_tolerance).to(before.dtype)
             return forward(torch.cat([before, h, after], dim=1), attn, positions=slice(P + lo, P + hi))
 
         def denoise(y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
