@@ -172,21 +172,30 @@ class Converter(nn.Module):
         keep = pi >= tolerance / n_slots
         counts = keep.sum(-1)
         sparse = counts <= max(1, n_slots // SPARSE_MAX_FRACTION)
+        n_sparse = int(sparse.sum())
+        if n_sparse == 0:  # flat softmaxes (low SNR): the dense product
+            return F.linear(pi.to(lin.weight.dtype), lin.weight, lin.bias)
+        if n_sparse == pi.shape[0]:
+            rows = None
+            r, col = keep.nonzero(as_tuple=True)  # row-major: each row's slots are contiguous
+        else:
+            rows = sparse.nonzero().squeeze(1)
+            r, col = keep[rows].nonzero(as_tuple=True)
+            r = rows[r]
+        w = pi[r, col]
+        kept = torch.zeros(pi.shape[0], dtype=w.dtype, device=w.device).index_add_(0, r, w)
+        w = w / kept[r]
+        n = counts if rows is None else counts[rows]
+        offsets = torch.cumsum(n, 0) - n
+        hs = F.embedding_bag(col, self._values_t(), offsets, mode="sum", per_sample_weights=w.to(lin.weight.dtype))
+        if lin.bias is not None:
+            hs = hs + lin.bias
+        if rows is None:
+            return hs
         h = torch.empty(pi.shape[0], lin.out_features, dtype=lin.weight.dtype, device=pi.device)
         dense_rows = (~sparse).nonzero().squeeze(1)
-        if dense_rows.numel():
-            h[dense_rows] = F.linear(pi[dense_rows].to(lin.weight.dtype), lin.weight, lin.bias)
-        rows = sparse.nonzero().squeeze(1)
-        if rows.numel():
-            r, col = keep[rows].nonzero(as_tuple=True)  # row-major: each row's slots are contiguous
-            w = pi[rows][r, col]
-            kept = torch.zeros(rows.numel(), dtype=w.dtype, device=w.device).index_add_(0, r, w)
-            w = w / kept[r]
-            offsets = torch.cumsum(counts[rows], 0) - counts[rows]
-            hs = F.embedding_bag(col, self._values_t(), offsets, mode="sum", per_sample_weights=w.to(lin.weight.dtype))
-            if lin.bias is not None:
-                hs = hs + lin.bias
-            h[rows] = hs
+        h[dense_rows] = F.linear(pi[dense_rows].to(lin.weight.dtype), lin.weight, lin.bias)
+        h[rows] = hs
         return h
 
     def forward(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor | float | None = None, *,
