@@ -211,3 +211,37 @@ def test_samplers_leave_the_denormal_mode_as_they_found_it():
     sample_sde(model, pb, SDEConfig(nfe=2, gen_length=4, top_m=4), generator=gen(0))
     sample_remask(model, pb, RemaskConfig(steps=2, gen_length=4))
     assert _subnormal() > 0
+
+
+# -- GPU readiness, exercised on CPU -------------------------------------------------------------------------------
+def test_compile_switch_routes_the_backbone_through_torch_compile(monkeypatch):
+    """Plumbing only: a real inductor compile takes minutes on this CPU (it ran once by hand: identical tokens)."""
+    import dsl_llada.backbones.base as base
+
+    seen = []
+    monkeypatch.setattr(base.torch, "compile", lambda m: seen.append(m) or m)
+    model = tiny_dsl(seed=8)
+    pb = PromptBatch.from_lists([[1, 2, 3]], model.special.pad_id)
+    cfg = SDEConfig(nfe=4, gen_length=6, top_m=8)
+    a = sample_sde(model, pb, cfg.replace(compile=True), generator=gen(0))
+    sample_sde(model, pb, cfg.replace(compile=True), generator=gen(0))
+    assert seen == [model.backbone]  # compiled once, reused
+    assert "_compiled_call" not in model.backbone.state_dict() and not any("_compiled" in k for k in model.state_dict())
+    assert torch.equal(a.ids, sample_sde(model, pb, cfg, generator=gen(0)).ids)
+    with pytest.raises(ConfigError, match="compile='yes'"):
+        SDEConfig(compile="yes")
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-6])
+def test_bf16_backbone_with_fp32_converter_softmax(tol):
+    model = perturb_converter(tiny_dsl(seed=9))
+    model.backbone.to(torch.bfloat16)
+    model.converter.backbone_embedding.to(torch.bfloat16)
+    slot_dtypes = []
+    orig = model.converter.slot_logits
+    model.converter.slot_logits = lambda *a: (lambda out: slot_dtypes.append(out.dtype) or out)(orig(*a))
+    pb = PromptBatch.from_lists([[1, 2, 3], [4, 5]], model.special.pad_id)
+    out = sample_sde(model, pb, SDEConfig(nfe=4, gen_length=6, top_m=8, converter_tolerance=tol), generator=gen(0))
+    assert out.ids.shape == (2, 6) and out.forward_passes == 5
+    assert ((out.ids >= 0) & (out.ids < model.vocab_size) & (out.ids != model.special.mask)).all()
+    assert slot_dtypes and set(slot_dtypes) == {torch.float32}

@@ -65,6 +65,16 @@ def with_positions(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     return selected
 
 
+def compiled(module: nn.Module) -> Callable[..., torch.Tensor]:
+    """`torch.compile(module)`, built once and kept on the module (not registered: never in its state_dict).
+    Compilation happens on the first call and again for each new input shape or `positions` value."""
+    fn = module.__dict__.get("_compiled_call")
+    if fn is None:
+        fn = torch.compile(module)
+        object.__setattr__(module, "_compiled_call", fn)
+    return fn
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory or its tensors do not match what the loader expects."""
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SDEConfig
+from ..backbones.base import compiled
 from ..model import DSLModel
 from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
@@ -65,7 +66,8 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator
     check_prompt_fits(backbone, prompts, config.gen_length)
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
     return (prompts, RowRNG(generator, prompts.batch_size), model.unit_noise(), inference_beta(model, config),
-            config.resolved_eta(), grid, prompts.full_attention_mask(config.gen_length), ForwardCounter(backbone))
+            config.resolved_eta(), grid, prompts.full_attention_mask(config.gen_length),
+            ForwardCounter(compiled(backbone) if config.compile else backbone))
 
 
 def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
