@@ -25,6 +25,7 @@ import torch
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
 from dsl_llada.model import DSLModel
+from dsl_llada.numerics import flush_denormals
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.sde import sample_sde
 from dsl_llada.snr import snr_schedule
@@ -92,10 +93,12 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
     # a little on gamma (how peaked the converter softmax is), so average it over the sampler's own SNR grid.
     y = torch.nn.functional.normalize(z.reshape(-1, model.noise_dim), dim=-1)
     grid = snr_schedule("sensitive", nfe // 2).tolist()
-    t_dsl = sum(timed(lambda g=g: model.posterior_mean(
-        model.logits_from_states(ids, g * y, state_mask, beta=beta, E=E)[:, prompt_len:], 512, E), device, repeats)
-        for g in grid) / len(grid)
-    t_bb = timed(lambda: model.logits_from_ids(ids), device, repeats)
+    resp = slice(prompt_len, None)  # the samplers ask for the response's logits only
+    with flush_denormals():  # as inside the samplers
+        t_dsl = sum(timed(lambda g=g: model.posterior_mean(
+            model.logits_from_states(ids, g * y, state_mask, beta=beta, E=E, positions=resp), 512, E), device, repeats)
+            for g in grid) / len(grid)
+        t_bb = timed(lambda: model.logits_from_ids(ids, positions=resp), device, repeats)
 
     sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
     out = {}

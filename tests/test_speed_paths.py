@@ -129,8 +129,13 @@ def test_remask_tokens_identical_with_and_without_restricted_head(monkeypatch):
     bb = tiny_backbone(seed=6)
     pb = PromptBatch.from_lists([[1, 2, 3], [4, 5, 6, 7, 8]], bb.special.pad_id)
     cfgs = [RemaskConfig(steps=8, gen_length=8, block_length=4), RemaskConfig(steps=4, gen_length=8, remdm=True,
-                                                                               temperature=0.7)]
+                                                                               temperature=0.7),
+            RemaskConfig(steps=4, gen_length=8, cfg_scale=1.5, temperature=0.5), RemaskConfig(steps=8, gen_length=8)]
+    rows = []
+    h = bb.model.transformer.ln_f.register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[1]))
     fast = [sample_remask(bb, pb, c, generator=gen(0)).ids for c in cfgs]
+    h.remove()
+    assert min(rows) < 4 and max(rows) <= 8  # still-masked columns only, never the prompt
     _full_head(monkeypatch, bb)
     slow = [sample_remask(bb, pb, c, generator=gen(0)).ids for c in cfgs]
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))

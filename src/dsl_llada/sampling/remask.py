@@ -28,6 +28,7 @@ from ..numerics import denormals_flushed_during
 from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
+from .positions import block_logits
 from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sample_remdm, sigma_max
 
 __all__ = ["sample_remask", "sample_remdm", "transfer_counts", "suppressed_steps"]
@@ -141,11 +142,11 @@ def sample_remask(model, prompts: PromptBatch, config: RemaskConfig | None = Non
 
         # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
         # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
-        logits = forward(x, attn, positions=slice(lo, hi)).float()
+        logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm)
         if config.cfg_scale > 0:
             un_x = x.clone()
             un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = forward(un_x, attn, positions=slice(lo, hi)).float()
+            un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm)
             logits = un + (config.cfg_scale + 1.0) * (logits - un)
         logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
         for tok in _banned_ids(config, special, i, n_suppress):
