@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..config import SDEConfig
 from ..backbones.base import compiled
+from ..config import SDEConfig
 from ..model import DSLModel
 from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
