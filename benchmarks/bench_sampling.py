@@ -25,6 +25,7 @@ import torch
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
 from dsl_llada.model import DSLModel
+from dsl_llada.numerics import flush_denormals
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.denoiser import Denoiser
 from dsl_llada.sampling.sde import inference_beta, sample_sde
@@ -87,11 +88,13 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
                                  top_m=sde_cfg.top_m)
     y = torch.nn.functional.normalize(torch.randn(1, gen_length, model.noise_dim, device=device), dim=-1)
 
-    # One SDE model call = one evaluation of the sampler's own denoiser: converter -> backbone -> top-M posterior
-    # mean. Its cost depends a little on gamma (how peaked the converter softmax is), so average it over the SNR grid.
+    # One SDE model call = one evaluation of the sampler's own denoiser: converter -> backbone (logits of the
+    # response only) -> top-M posterior mean. Its cost depends a little on gamma (how peaked the converter softmax
+    # is), so average it over the SNR grid.
     grid = snr_schedule(sde_cfg.schedule, sde_cfg.steps).tolist()
-    t_dsl = sum(timed(lambda g=g: denoise(y, g), device, repeats) for g in grid) / len(grid)
-    t_bb = timed(lambda: model.logits_from_ids(ids), device, repeats)
+    with flush_denormals():  # as inside the samplers
+        t_dsl = sum(timed(lambda g=g: denoise(y, g), device, repeats) for g in grid) / len(grid)
+        t_bb = timed(lambda: model.logits_from_ids(ids, positions=slice(prompt_len, None)), device, repeats)
 
     out = {}
     t_sde = timed(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0))),

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import dsl_llada.sampling.sde as sde_mod
+from dsl_llada.backbones.base import position_index
 from dsl_llada.config import ConfigError, SDEConfig
 from dsl_llada.sampling import (PromptBatch, RowRNG, heun_solve, inference_beta, sample_block_sde, sample_sde,
                                 stop_lengths)
@@ -44,15 +45,17 @@ class Recorder:
         self.handles = [model.backbone.register_forward_pre_hook(lambda m, a: self.inputs.append(a[0].clone())),
                         model.converter.register_forward_pre_hook(lambda m, a: self.conv_args.append(a))]
         if logit_bias:
-            def bias(m, a, out):
+            def bias(m, a, kw, out):
                 out = out.clone()
+                # `pos` is a position in the whole sequence; the output holds only the positions asked for
+                where = position_index(kw.get("positions"), a[0].shape[1]).tolist()
                 for (pos, tok), val in logit_bias.items():
                     if pos is None:
                         out[..., tok] += val
-                    else:
-                        out[:, pos, tok] += val
+                    elif pos in where:
+                        out[:, where.index(pos), tok] += val
                 return out
-            self.handles.append(model.backbone.register_forward_hook(bias))
+            self.handles.append(model.backbone.register_forward_hook(bias, with_kwargs=True))
 
     def __enter__(self):
         return self

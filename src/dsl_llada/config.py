@@ -165,8 +165,20 @@ class SDEConfig(ConfigBase):
     """Cut the response at the first EOS/EoT (paper). False keeps every position (authors decode with skip_special_tokens)."""
     block_length: int = 0
     """Block SDE: blocks of B tokens left to right (0 = whole response at once)."""
+    converter_tolerance: float = 0.0
+    """Sparse converter at inference: per position keep only the slots that hold all but < this much of the
+    converter's softmax mass, renormalised, and gather those columns of W instead of the dense product
+    (approximate; see docs/benchmarks.md for its deviation). 0 = the exact dense converter (what training uses)."""
+
+    compile: bool = False
+    """Run the denoiser's backbone forward through `torch.compile` (compiled on the first call and per new shape;
+    worth it on a GPU for long runs, not on a small CPU job). Off by default; tokens are those of the eager model up
+    to floating-point rounding."""
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        _check(0.0 <= self.converter_tolerance < 1.0,
+               f"converter_tolerance={self.converter_tolerance!r} must be in [0, 1) (0 = exact dense converter)")
         _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
                f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
         _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")

@@ -17,12 +17,21 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ConverterConfig
+from .numerics import denormals_flushed
 
 
-def _flush_tiny(p: torch.Tensor) -> torch.Tensor:
+def flush_tiny(p: torch.Tensor) -> torch.Tensor:
     """Zero probabilities below the smallest normal float. At high SNR most of the softmax underflows into
-    subnormals, which make the following CPU matmul several times slower; their total mass is < V * 1e-38."""
+    subnormals, which make the following CPU matmul several times slower; their total mass is < V * 1e-38.
+    Skipped inside `numerics.flush_denormals()`, where the CPU zeroes them in hardware."""
+    if denormals_flushed():
+        return p
     return p.masked_fill(p < torch.finfo(p.dtype).tiny, 0.0)
+
+
+SPARSE_MAX_FRACTION = 32
+"""The sparse converter gathers W columns for a position only when it keeps at most (V+1) / this many slots; a
+position with more (a flat softmax, at low SNR) goes through the dense product, which is cheaper per slot."""
 
 
 class NoiseEmbedding(nn.Module):
@@ -92,9 +101,39 @@ class Converter(nn.Module):
             self.residual_proj.bias.zero_()
 
     # -- the map -----------------------------------------------------------------------------------
+    def _needs_grad(self, *tensors: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
+                                            or any(p.requires_grad for p in self.parameters()))
+
+    def _keys(self, E: torch.Tensor) -> torch.Tensor:
+        """K = [E; k_mask] (V+1, d) fp32, cached while E and the mask key are unchanged (inference only)."""
+        mk = self.mask_key
+        stamp = (E._version, None if mk is None else (mk.data_ptr(), mk._version))
+        cache = getattr(self, "_key_cache", None)
+        if cache is not None and cache[0] is E and cache[1] == stamp:
+            return cache[2]
+        K = E.new_empty((E.shape[0] + 1, E.shape[1]), dtype=torch.float32)
+        K[:-1].copy_(E)
+        K[-1].copy_(mk.detach() if mk is not None else torch.zeros((), dtype=torch.float32))
+        object.__setattr__(self, "_key_cache", (E, stamp, K))  # not a module attribute: never saved
+        return K
+
+    def _values_t(self) -> torch.Tensor:
+        """W^T (V+1, H) contiguous, for row gathers by the sparse path; cached while W is unchanged (inference only)."""
+        W = self.backbone_embedding.weight
+        stamp = (W.data_ptr(), W._version, W.dtype, W.device)
+        cache = getattr(self, "_wt_cache", None)
+        if cache is not None and cache[0] == stamp:
+            return cache[1]
+        WT = W.detach().t().contiguous()
+        object.__setattr__(self, "_wt_cache", (stamp, WT))
+        return WT
+
     def slot_logits(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-        """(N, d) states -> (N, V+1) fp32 converter logits."""
+        """(N, d) states -> (N, V+1) fp32 converter logits beta * z K^T + b."""
         z32 = z.float()
+        if not self._needs_grad(z, E, beta):  # inference: one fused matmul + bias into the (N, V+1) result
+            return torch.addmm(self.logit_bias.float(), z32, self._keys(E.float()).T, alpha=float(beta))
         tok = z32 @ E.float().T
         if self.mask_key is None:
             mask = torch.zeros_like(tok[:, :1])
@@ -102,44 +141,94 @@ class Converter(nn.Module):
             mask = (z32 @ self.mask_key.float())[:, None]
         return beta.float() * torch.cat([tok, mask], dim=-1) + self.logit_bias.float()
 
-    def _chunk(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    def _chunk(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor, tolerance: float = 0.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         # The (V+1)-way softmax stays fp32 even under bf16 autocast (bf16 has too few digits for 126k slots).
         with torch.autocast(device_type=z.device.type, enabled=False):
-            pi = _flush_tiny(torch.softmax(self.slot_logits(z, E, beta), dim=-1))
-        W = self.backbone_embedding.weight
-        h = pi.to(W.dtype) @ W.T
-        if self.backbone_embedding.bias is not None:
-            h = h + self.backbone_embedding.bias
+            pi = flush_tiny(torch.softmax(self.slot_logits(z, E, beta), dim=-1))
+        lin = self.backbone_embedding
+        if tolerance > 0:
+            h = self._sparse_values(pi, tolerance)
+        elif out is not None and lin.bias is not None:
+            h = torch.addmm(lin.bias, pi.to(lin.weight.dtype), lin.weight.T, out=out)
+        else:
+            h = F.linear(pi.to(lin.weight.dtype), lin.weight, lin.bias)
         if self.residual_proj is not None:
             z32 = z.float()
             z_low = pi[:, : self.vocab_size] @ E.float()
             u = z_low / (z_low.norm(dim=-1, keepdim=True) + 1e-8)
             z_high = z32 - (z32 * u).sum(-1, keepdim=True) * u
             h = h + self.residual_proj(z_high.to(self.residual_proj.weight.dtype))
+        if out is not None and h is not out:
+            out.copy_(h)
         return h
 
-    def forward(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor | float | None = None) -> torch.Tensor:
+    def _sparse_values(self, pi: torch.Tensor, tolerance: float) -> torch.Tensor:
+        """h from the slots that hold the mass: per row keep every slot with pi >= tolerance / (V+1) (so the dropped
+        mass is < tolerance), renormalise, and sum those columns of W (one embedding_bag). Rows that keep too many
+        slots for a gather to pay off use the dense product instead (exact for them)."""
+        lin = self.backbone_embedding
+        n_slots = pi.shape[-1]
+        keep = pi >= tolerance / n_slots
+        counts = keep.sum(-1)
+        sparse = counts <= max(1, n_slots // SPARSE_MAX_FRACTION)
+        n_sparse = int(sparse.sum())
+        if n_sparse == 0:  # flat softmaxes (low SNR): the dense product
+            return F.linear(pi.to(lin.weight.dtype), lin.weight, lin.bias)
+        if n_sparse == pi.shape[0]:
+            rows = None
+            r, col = keep.nonzero(as_tuple=True)  # row-major: each row's slots are contiguous
+        else:
+            rows = sparse.nonzero().squeeze(1)
+            r, col = keep[rows].nonzero(as_tuple=True)
+            r = rows[r]
+        w = pi[r, col]
+        kept = torch.zeros(pi.shape[0], dtype=w.dtype, device=w.device).index_add_(0, r, w)
+        w = w / kept[r]
+        n = counts if rows is None else counts[rows]
+        offsets = torch.cumsum(n, 0) - n
+        hs = F.embedding_bag(col, self._values_t(), offsets, mode="sum", per_sample_weights=w.to(lin.weight.dtype))
+        if lin.bias is not None:
+            hs = hs + lin.bias
+        if rows is None:
+            return hs
+        h = torch.empty(pi.shape[0], lin.out_features, dtype=lin.weight.dtype, device=pi.device)
+        dense_rows = (~sparse).nonzero().squeeze(1)
+        h[dense_rows] = F.linear(pi[dense_rows].to(lin.weight.dtype), lin.weight, lin.bias)
+        h[rows] = hs
+        return h
+
+    def forward(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor | float | None = None, *,
+                tolerance: float = 0.0) -> torch.Tensor:
         """Convert states z (..., d) to backbone input embeddings (..., H).
 
         `E` is the unit noise embedding (V, d) (pass `NoiseEmbedding.unit()`); `beta` overrides the trained
-        sharpness (inference uses beta_inf = 2 x trained beta).
+        sharpness (inference uses beta_inf = 2 x trained beta). `tolerance` > 0 selects the sparse inference path
+        (slots holding all but < `tolerance` of each position's mass, renormalised; see `_sparse_values`); 0 is
+        the exact dense map, and what any call that needs gradients uses.
         """
+        if tolerance < 0 or tolerance >= 1:
+            raise ValueError(f"tolerance={tolerance!r} must be in [0, 1) (0 = exact dense converter)")
         b = self.beta if beta is None else torch.as_tensor(beta, dtype=torch.float32, device=z.device)
         lead = z.shape[:-1]
         flat = z.reshape(-1, z.shape[-1])
         n = flat.shape[0]
         step = self.cfg.token_chunk or n or 1
-        use_ckpt = self.cfg.checkpoint_chunks and torch.is_grad_enabled() and (
-            flat.requires_grad or any(p.requires_grad for p in self.parameters()) or E.requires_grad)
-        outs = []
+        H = self.backbone_embedding.out_features
+        if self._needs_grad(flat, E, b):  # autograd: no in-place output, optionally recompute chunks in backward
+            if tolerance:
+                raise ValueError(f"tolerance={tolerance!r}: the sparse converter is an inference path; calls that "
+                                 f"need gradients (training) use the exact dense converter (tolerance=0)")
+            ckpt = self.cfg.checkpoint_chunks
+            outs = [checkpoint(self._chunk, flat[s: s + step], E, b, use_reentrant=False) if ckpt
+                    else self._chunk(flat[s: s + step], E, b) for s in range(0, n, step)]
+            h = torch.cat(outs, dim=0) if outs else flat.new_zeros(0, H)
+            return h.reshape(*lead, H)
+        W = self.backbone_embedding.weight
+        h = torch.empty(n, H, dtype=W.dtype, device=W.device)  # each chunk writes its rows in place: no concatenation
         for s in range(0, n, step):
-            zc = flat[s : s + step]
-            if use_ckpt:
-                outs.append(checkpoint(self._chunk, zc, E, b, use_reentrant=False))
-            else:
-                outs.append(self._chunk(zc, E, b))
-        h = torch.cat(outs, dim=0) if outs else flat.new_zeros(0, self.backbone_embedding.out_features)
-        return h.reshape(*lead, h.shape[-1])
+            self._chunk(flat[s: s + step], E, b, tolerance, out=h[s: s + step])
+        return h.reshape(*lead, H)
 
     def clean_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """The converter's output for a perfectly clean one-hot input: W[:, id] (+ c). Shape (..., H)."""
@@ -172,7 +261,8 @@ def noisy_states(E: torch.Tensor, ids: torch.Tensor, gamma: torch.Tensor | float
 def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 1024) -> torch.Tensor:
     """Clean-token embedding estimate ê = sum_{v in top-M} p̃_v e_v (paper §3.2). logits (..., V) -> (..., d) fp32.
 
-    top_m = 0 uses the full softmax. Renormalising the top-M probabilities equals a softmax over the top-M logits.
+    top_m = 0 uses the full softmax. Renormalising the top-M probabilities equals a softmax over the top-M logits;
+    the gather of the M rows of E and their weighted sum are one `embedding_bag` per chunk of positions.
     """
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
@@ -181,12 +271,15 @@ def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chun
     E32 = E.float()
     outs = []
     for s in range(0, flat.shape[0], chunk):
-        lc = flat[s : s + chunk].float()
+        lc = flat[s: s + chunk].float()
         if top_m and top_m < lc.shape[-1]:
             vals, idx = lc.topk(top_m, dim=-1)
-            p = _flush_tiny(torch.softmax(vals, dim=-1))
-            outs.append(torch.einsum("nm,nmd->nd", p, E32[idx]))
+            p = flush_tiny(torch.softmax(vals, dim=-1))
+            outs.append(F.embedding_bag(idx, E32, mode="sum", per_sample_weights=p))
         else:
             outs.append(torch.softmax(lc, dim=-1) @ E32)
-    out = torch.cat(outs, 0) if outs else flat.new_zeros(0, E.shape[1], dtype=torch.float32)
+    if len(outs) == 1:
+        out = outs[0]
+    else:
+        out = torch.cat(outs, 0) if outs else flat.new_zeros(0, E.shape[1], dtype=torch.float32)
     return out.reshape(*lead, E.shape[1])

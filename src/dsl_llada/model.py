@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .backbones import load_backbone
-from .backbones.base import Backbone, SpecialTokens
+from .backbones.base import Backbone, Positions, SpecialTokens
 from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenizer_files, read_json, read_tensors, \
     write_safetensors
 from .config import ConverterConfig, DSLConfig
@@ -124,14 +124,16 @@ class DSLModel(nn.Module):
 
     def logits_from_states(self, ids: torch.Tensor, z: torch.Tensor, state_mask: torch.Tensor | None = None,
                            attention_mask: torch.Tensor | None = None, *, beta: float | torch.Tensor | None = None,
-                           E: torch.Tensor | None = None) -> torch.Tensor:
-        """Continuous path: states -> converter -> backbone (clean embeddings where state_mask is False)."""
+                           E: torch.Tensor | None = None, positions: Positions = None) -> torch.Tensor:
+        """Continuous path: states -> converter -> backbone (clean embeddings where state_mask is False).
+        `positions` (a slice or 1-D index) restricts the returned logits (and the output head's work) to those positions."""
         h = self.embed_inputs(ids, z, state_mask, beta=beta, E=E)
-        return self.backbone(h, attention_mask)
+        return self.backbone(h, attention_mask, positions=positions)
 
-    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                        positions: Positions = None) -> torch.Tensor:
         """Discrete path: token ids through the backbone's own input embedding (as the authors' remasking)."""
-        return self.backbone(self.backbone.embed(ids), attention_mask)
+        return self.backbone(self.backbone.embed(ids), attention_mask, positions=positions)
 
     def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None) -> torch.Tensor:
         """Denoiser: top-M renormalised posterior mean over the noise embedding, (..., V) -> (..., d)."""

@@ -3,15 +3,19 @@
 A backbone is an ``nn.Module`` that
 - embeds token ids (`embed`), exposing its input embedding table (`input_embeddings`),
 - runs *bidirectionally* on ``inputs_embeds`` with an optional HF-style padding mask (1 = keep, 0 = pad),
-- returns logits aligned to positions (``logits[:, i]`` predicts the token at position i),
+- returns logits aligned to positions (``logits[:, i]`` predicts the token at position i), and only for the
+  positions asked for (`positions`): the final norm and output head run on those rows alone, so a sampler that
+  reads the response (or one block) does not pay the head for the prompt,
 - knows its special token ids by name (`special`), never as magic numbers in algorithms,
 - saves/loads its weights under its family's published key names (`state_dict` keys are the checkpoint keys).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import torch
 from torch import nn
@@ -19,7 +23,59 @@ from torch import nn
 from ..config import ConfigBase
 from ..errors import CheckpointError
 
-__all__ = ["Backbone", "CheckpointError", "SpecialTokens", "padding_to_additive_mask"]
+__all__ = ["Backbone", "CheckpointError", "Positions", "SpecialTokens", "padding_to_additive_mask"]
+
+Positions = Union[slice, torch.Tensor, None]
+"""Which sequence positions' logits a forward returns: None = all; a `slice` (contiguous, the cheapest: a view);
+or a 1-D integer tensor of positions shared by every row. The result is (B, K, V) for the K selected positions."""
+
+
+def select_positions(x: torch.Tensor, positions: Positions) -> torch.Tensor:
+    """x[:, positions] for a (B, L, ...) tensor (x itself when positions is None)."""
+    if positions is None:
+        return x
+    if isinstance(positions, slice):
+        return x[:, positions]
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.is_floating_point():
+        raise ValueError(f"positions must be None, a slice or a 1-D integer tensor, got {positions!r}")
+    return x.index_select(1, positions.to(x.device))
+
+
+def position_index(positions: Positions, length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The selected positions of a length-`length` sequence as a 1-D long tensor (non-negative indices)."""
+    if positions is None:
+        return torch.arange(length, device=device)
+    if isinstance(positions, slice):
+        return torch.arange(length, device=device)[positions]
+    idx = positions.to(device=device, dtype=torch.long)
+    return torch.where(idx < 0, idx + length, idx)
+
+
+def with_positions(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`fn(ids_or_embeds, attention_mask, positions=...)` for a logits function that may not take `positions`
+    (duck-typed models): such a function computes every position and the wanted ones are selected afterwards."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "positions" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn
+
+    def selected(*args: Any, positions: Positions = None, **kwargs: Any) -> torch.Tensor:
+        return select_positions(fn(*args, **kwargs), positions)
+
+    return selected
+
+
+def compiled(module: nn.Module) -> Callable[..., torch.Tensor]:
+    """`torch.compile(module)`, built once and kept on the module (not registered: never in its state_dict).
+    Compilation happens on the first call and again for each new input shape or `positions` value."""
+    fn = module.__dict__.get("_compiled_call")
+    if fn is None:
+        fn = torch.compile(module)
+        object.__setattr__(module, "_compiled_call", fn)
+    return fn
+
 
 
 @dataclass(frozen=True)
@@ -91,13 +147,17 @@ class Backbone(nn.Module):
         """(B, L) ids -> (B, L, H) input embeddings."""
         return self.input_embeddings()(ids)
 
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, L, H) embeddings [+ (B, L) padding mask] -> (B, L, V) logits aligned to positions."""
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                positions: Positions = None) -> torch.Tensor:
+        """(B, L, H) embeddings [+ (B, L) padding mask] -> (B, K, V) logits aligned to positions, for the K positions
+        selected by `positions` (all L when None). Every position still attends to the whole sequence; only the
+        final norm and output head are restricted, so the selected rows equal those of the full computation."""
         raise NotImplementedError
 
-    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                        positions: Positions = None) -> torch.Tensor:
         """Discrete path (same signature as DSLModel.logits_from_ids, so discrete samplers accept either)."""
-        return self(self.embed(ids), attention_mask)
+        return self(self.embed(ids), attention_mask, positions=positions)
 
     def config_dict(self) -> dict[str, Any]:
         """The backbone's own config (e.g. LLaDA config.json contents) for saving next to the weights."""

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import check_keys, checkpoint_files, read_json, read_tensors
-from .base import Backbone, CheckpointError, SpecialTokens
+from .base import Backbone, CheckpointError, Positions, SpecialTokens, position_index, select_positions
 
 # Model types whose learned absolute positions start at pad_token_id + 1 (the fairseq convention).
 _PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "xmod",
@@ -102,6 +102,7 @@ class HFBackbone(Backbone):
         self.special.validate(emb.num_embeddings)
         fwd = inspect.signature(model.forward).parameters
         self._takes_position_ids = "position_ids" in fwd
+        self._takes_logits_to_keep = "logits_to_keep" in fwd  # the head then runs on the kept rows only
         cfg = model.config
         self._position_offset = (cfg.pad_token_id + 1 if getattr(cfg, "model_type", "") in _PADDING_OFFSET_POSITIONS
                                  and getattr(cfg, "pad_token_id", None) is not None else 0)
@@ -157,7 +158,8 @@ class HFBackbone(Backbone):
             return None
         return position_ids_from_mask(attention_mask, self._position_offset)
 
-    def _raw_logits(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _raw_logits(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
+                    positions: Positions = None) -> torch.Tensor:
         B, L, _ = inputs_embeds.shape
         kwargs: dict[str, Any] = {"inputs_embeds": inputs_embeds, "return_dict": True}
         if self.kind == "causal":
@@ -169,10 +171,16 @@ class HFBackbone(Backbone):
         pos = self._position_ids(attention_mask)
         if pos is not None:
             kwargs["position_ids"] = pos.to(inputs_embeds.device)
-        return self._hf(**kwargs).logits
+        if positions is None:
+            return self._hf(**kwargs).logits
+        if self._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = position_index(positions, L, inputs_embeds.device)
+            return self._hf(**kwargs).logits
+        return select_positions(self._hf(**kwargs).logits, positions)  # no way to skip the head: select after it
 
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self._raw_logits(inputs_embeds, attention_mask)
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                positions: Positions = None) -> torch.Tensor:
+        return self._raw_logits(inputs_embeds, attention_mask, positions)
 
 
 def _drop_tied_keys(module: HFBackbone, state_dict: dict, prefix: str, local_metadata: Any) -> None:
@@ -404,17 +412,28 @@ class DreamBackbone(HFBackbone):
             return None
         return position_ids_from_mask(attention_mask)
 
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        raw = self._raw_logits(inputs_embeds, attention_mask)
-        # Dream keeps the AR convention (raw[:, i] predicts token i+1): shift back so logits[:, i] predicts token i.
-        # The first position reuses its own logits (as Dream's sampler does) ...
-        out = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
-        if attention_mask is not None and not bool(attention_mask.to(torch.bool).all()):
-            # ... and so does the first real token of a left-padded row, so padded rows match unpadded ones.
-            keep = attention_mask.to(device=raw.device, dtype=torch.bool)
-            prev_keep = torch.cat([torch.zeros_like(keep[:, :1]), keep[:, :-1]], dim=1)
-            out = torch.where(prev_keep[..., None], out, raw)
-        return out
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                positions: Positions = None) -> torch.Tensor:
+        # Dream keeps the AR convention (raw[:, i] predicts token i+1): shift back so logits[:, i] predicts token i,
+        # i.e. logits[:, i] = raw[:, i - 1]. The first position reuses its own logits (as Dream's sampler does), and
+        # so does the first real token of a left-padded row, so padded rows match unpadded ones. Only the raw rows
+        # i - 1 and i of the wanted positions i go through the head.
+        L = inputs_embeds.shape[1]
+        idx = position_index(positions, L, inputs_embeds.device)
+        prev = (idx - 1).clamp_min(0)
+        if positions is None:
+            raw = self._raw_logits(inputs_embeds, attention_mask)
+            at_prev, at_self = raw[:, prev], raw
+        else:
+            need = torch.unique(torch.cat([prev, idx]))  # sorted
+            raw = self._raw_logits(inputs_embeds, attention_mask, need)
+            at_prev = raw[:, torch.searchsorted(need, prev)]
+            at_self = raw[:, torch.searchsorted(need, idx)]
+        if attention_mask is None or bool(attention_mask.to(torch.bool).all()):
+            return torch.where((idx > 0)[None, :, None], at_prev, at_self)
+        keep = attention_mask.to(device=raw.device, dtype=torch.bool)
+        prev_keep = keep[:, prev] & (idx > 0)[None, :]
+        return torch.where(prev_keep[..., None], at_prev, at_self)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import check_keys, read_json, read_tensors, checkpoint_files
-from .base import Backbone, CheckpointError, SpecialTokens, padding_to_additive_mask
+from .base import Backbone, CheckpointError, Positions, SpecialTokens, padding_to_additive_mask, select_positions
 
 
 @dataclass
@@ -217,7 +217,8 @@ class LLaDABackbone(Backbone):
             self._rope_cache = {key: (emb.cos()[None, None], emb.sin()[None, None])}
         return self._rope_cache[key]
 
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                positions: Positions = None) -> torch.Tensor:
         t = self.model.transformer
         x = inputs_embeds
         cos, sin = self._rope(x.shape[1], x.device)
@@ -227,7 +228,7 @@ class LLaDABackbone(Backbone):
                 x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin, bias, use_reentrant=False)
             else:
                 x = blk(x, cos, sin, bias)
-        x = t.ln_f(x)
+        x = t.ln_f(select_positions(x, positions))  # norm + head only where logits are wanted
         head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
         logits = F.linear(x, head)
         if not self.cfg.weight_tying and t.ff_out.bias is not None:

@@ -6,8 +6,8 @@ clean-token embedding estimate):
     logits = backbone([context | h | future])[window]   clean context before, [MASK] embeddings after (Block SDE)
     ê      = Σ_{v in top-M} softmax(logits)_v E_v       the top-M renormalised posterior mean over the noise table
 
-`Denoiser.logits` is the single place that decides which positions get logits (today: the backbone computes
-every position and the response window is sliced out); a faster backbone call changes only that method.
+`Denoiser.logits` is the single place that decides which positions get logits: the backbone is asked for the
+window's rows only (`positions=`), so its final norm and output head skip the context and future positions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..backbones.base import compiled
 from ..model import DSLModel
 from .common import ForwardCounter
 
@@ -43,13 +44,18 @@ class Denoiser:
     future: torch.Tensor | None = None
     """(B, F, H) input embeddings after the window (Block SDE, paper Appendix "Block SDE: Untapped Inference
     Headroom": the converter's [MASK] slot for future blocks); None = nothing after the window."""
+    tolerance: float = 0.0
+    """Sparse converter at inference: drop slots whose probability mass is below this (0 = the exact dense map)."""
 
     @classmethod
     def for_model(cls, model: DSLModel, context: torch.Tensor, *, beta: float, top_m: int,
-                  attention_mask: torch.Tensor | None = None, future: torch.Tensor | None = None) -> "Denoiser":
-        """A denoiser with a fresh forward counter around `model.backbone` and E = `model.unit_noise()`."""
-        return cls(model, context, model.unit_noise(), beta, top_m, attention_mask, ForwardCounter(model.backbone),
-                   future)
+                  attention_mask: torch.Tensor | None = None, future: torch.Tensor | None = None,
+                  tolerance: float = 0.0, compile: bool = False) -> "Denoiser":
+        """A denoiser with a fresh forward counter around `model.backbone` (its `torch.compile`d call when
+        `compile`) and E = `model.unit_noise()`."""
+        backbone = compiled(model.backbone) if compile else model.backbone
+        return cls(model, context, model.unit_noise(), beta, top_m, attention_mask, ForwardCounter(backbone),
+                   future, tolerance)
 
     def with_context(self, context: torch.Tensor, future: torch.Tensor | None = None) -> "Denoiser":
         """The same denoiser (same E, β, counter) around another window (Block SDE: the next block)."""
@@ -61,11 +67,12 @@ class Denoiser:
         return self.forward.count
 
     def logits(self, y: torch.Tensor, gamma: float) -> torch.Tensor:
-        """(B, W, V) backbone logits at the window positions for states y at SNR gamma (one forward pass)."""
-        h = self.model.converter(gamma * y, self.noise_table, self.beta).to(self.context.dtype)
+        """(B, W, V) backbone logits at the window positions for states y at SNR gamma (one forward pass; the
+        backbone applies its final norm and output head to the window rows only)."""
+        h = self.model.converter(gamma * y, self.noise_table, self.beta, tolerance=self.tolerance).to(self.context.dtype)
         parts = [self.context, h] if self.future is None else [self.context, h, self.future]
         start = self.context.shape[1]
-        return self.forward(torch.cat(parts, dim=1), self.attention_mask)[:, start : start + y.shape[1]]
+        return self.forward(torch.cat(parts, dim=1), self.attention_mask, positions=slice(start, start + y.shape[1]))
 
     def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(ê, logits): the top-M posterior mean over E (B, W, d) and the window logits it came from."""

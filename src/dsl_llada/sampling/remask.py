@@ -23,10 +23,13 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
+from ..backbones.base import with_positions
 from ..config import RemaskConfig
+from ..numerics import denormals_flushed_during
 from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
+from .positions import block_logits
 from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ def _context_limit(model: DiscreteModel) -> int | None:
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig | None = None, *,
                   generator: torch.Generator | Sequence[torch.Generator] | None = None,
                   callback: StepCallback | None = None, progress: bool = False,
@@ -86,7 +90,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)
     attn = prompts.full_attention_mask(L)
     prompt_real = prompts.attention_mask.to(torch.bool)
-    forward = ForwardCounter(model.logits_from_ids)
+    forward = ForwardCounter(with_positions(model.logits_from_ids))
 
     blk = config.effective_block_length
     n_blocks = L // blk
@@ -102,12 +106,12 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
             schedule = block_schedule(x[:, lo:hi] == mask_id, S_b)
 
         # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
-        # Gumbel draw and the confidences of the step are float64 as LLaDA's, without a float64 copy of (blk, V).
-        logits = forward(x, attn)[:, lo:hi].float()
+        # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
+        logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm)
         if config.cfg_scale > 0:
             un_x = x.clone()
             un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = forward(un_x, attn)[:, lo:hi].float()
+            un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm)
             logits = un + (config.cfg_scale + 1.0) * (logits - un)
         logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
         for tok in banned_ids(config, special, i, n_suppress):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..config import SDEConfig
 from ..model import DSLModel
+from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
 from ..utils import progress as progress_bar
 from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
@@ -69,7 +70,8 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator
     check_prompt_fits(backbone.max_length, prompts, config.gen_length)
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
     denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=inference_beta(model, config),
-                                  top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length))
+                                  top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length),
+                                  tolerance=config.converter_tolerance, compile=config.compile)
     return prompts, RowRNG(generator, prompts.batch_size), grid, denoiser
 
 
@@ -85,6 +87,7 @@ def _unit_init(rng: RowRNG, shape: tuple[int, ...], device) -> torch.Tensor:
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None = None, *,
                generator: torch.Generator | Sequence[torch.Generator] | None = None,
                callback: StepCallback | None = None, progress: bool = False,
@@ -117,6 +120,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
 
 
 @torch.no_grad()
+@denormals_flushed_during
 def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *,
                      generator: torch.Generator | Sequence[torch.Generator] | None = None,
                      callback: StepCallback | None = None, progress: bool = False,

@@ -1,0 +1,80 @@
+"""Shared pieces of the speed benchmarks: the LLaDA-shaped benchmark model, prompts, timing, docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.config import ConverterConfig, DSLConfig
+from dsl_llada.model import DSLModel
+from dsl_llada.sampling.common import PromptBatch
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def llada_shaped(vocab: int = 32768, d_model: int = 256, n_layers: int = 4, n_heads: int = 4, noise_dim: int = 100,
+                 context_embedding: str = "wte", seed: int = 0, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> DSLModel:
+    """A randomly initialised LLaDA-architecture DSL model (SwiGLU, RMSNorm, RoPE, untied head), seeded.
+
+    Weights N(0, 0.02) except the output head, drawn wider (std 0.5) so the logits are peaked like a trained
+    model's rather than flat (flat logits make top-M, argmax and confidences degenerate)."""
+    cfg = tiny_llada_config(vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_sequence_length=4096)
+    bb = LLaDABackbone(cfg)
+    g = torch.Generator().manual_seed(seed)
+    bb.init_weights(g, std=0.02)
+    with torch.no_grad():
+        bb.model.transformer.ff_out.weight.normal_(0.0, 0.5, generator=g)
+    bb = bb.to(device=device, dtype=dtype).eval()
+    conv = ConverterConfig(noise_dim=noise_dim)
+    return DSLModel.convert(bb, DSLConfig(converter=conv, context_embedding=context_embedding)).eval()
+
+
+def random_prompts(model: DSLModel, batch: int, length: int, seed: int = 1, device: str = "cpu") -> PromptBatch:
+    g = torch.Generator().manual_seed(seed)
+    V = model.vocab_size
+    rows = [torch.randint(0, V - 3, (length,), generator=g).tolist() for _ in range(batch)]
+    return PromptBatch.from_lists(rows, pad_id=model.special.pad_id, device=device)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def clock(fn: Callable[[], object], device: str = "cpu") -> float:
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def med_spread(xs: list[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def machine_line() -> str:
+    return (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+            + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))
+
+
+def write_section(title: str, body: str) -> None:
+    """Replace the `### title` section of docs/benchmarks.md (or append it), atomically."""
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
+    section = f"### {title}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^### {re.escape(title)}\n.*?(?=^### |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text, count=1) if pattern.search(text) else \
+        text.rstrip() + "\n\n" + section
+    tmp = DOC.with_suffix(".md.tmp")
+    tmp.write_text(text.rstrip() + "\n")
+    tmp.replace(DOC)

@@ -1,0 +1,252 @@
+"""Compute-only-what-is-used paths: logits at selected positions, the sparse converter, the posterior mean via
+embedding_bag, hardware denormal flushing (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsl_llada.backbones.base import position_index, select_positions, with_positions
+from dsl_llada.config import ConfigError, SDEConfig
+from dsl_llada.converter import posterior_mean
+from dsl_llada.numerics import denormals_flushed, flush_denormals
+from dsl_llada.sampling import PromptBatch, sample_sde
+from dsl_llada.sampling.remask import sample_remask
+from dsl_llada.config import RemaskConfig
+from helpers import gen, perturb_converter, tiny_backbone, tiny_dsl
+
+POSITIONS = [slice(3, None), slice(2, 7), torch.tensor([0, 4, 5, 9]), torch.tensor([9, 1])]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape
+    assert float((a - b).abs().max()) < 1e-5
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_llada_logits_at_positions_equal_the_full_rows(positions):
+    bb = tiny_backbone()
+    ids = torch.randint(0, 60, (2, 10), generator=gen(1))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        for am in (None, mask):
+            full = bb(bb.embed(ids), am)
+            _close(bb(bb.embed(ids), am, positions=positions), select_positions(full, positions))
+
+
+def test_head_runs_on_the_selected_rows_only():
+    bb = tiny_backbone()
+    seen = []
+    h = bb.model.transformer.ln_f.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    with torch.no_grad():
+        bb(bb.embed(torch.zeros(1, 10, dtype=torch.long)), positions=slice(6, None))
+        bb(bb.embed(torch.zeros(1, 10, dtype=torch.long)), positions=torch.tensor([1, 2, 3]))
+        bb(bb.embed(torch.zeros(1, 10, dtype=torch.long)))
+    h.remove()
+    assert seen == [4, 3, 10]
+
+
+def test_position_index_and_bad_positions():
+    assert position_index(slice(3, None), 6).tolist() == [3, 4, 5]
+    assert position_index(torch.tensor([-1, 0]), 6).tolist() == [5, 0]
+    assert position_index(None, 3).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="positions must be None, a slice or a 1-D integer tensor"):
+        select_positions(torch.zeros(1, 4, 2), torch.tensor([0.5]))
+
+
+def test_with_positions_wraps_duck_typed_logit_functions():
+    calls = []
+
+    def plain(ids, attention_mask=None):
+        calls.append(ids.shape)
+        return torch.arange(ids.shape[1], dtype=torch.float32)[None, :, None].expand(1, -1, 3)
+
+    f = with_positions(plain)
+    out = f(torch.zeros(1, 6, dtype=torch.long), None, positions=slice(4, 6))
+    assert out[0, :, 0].tolist() == [4.0, 5.0] and calls == [(1, 6)]
+    bb = tiny_backbone()
+    assert with_positions(bb.logits_from_ids) == bb.logits_from_ids  # takes positions itself
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_models():
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, RobertaConfig, RobertaForMaskedLM
+
+    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.backbones.hf import DreamBackbone, HFBackbone
+
+    torch.manual_seed(0)
+    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
+              max_position_embeddings=64)
+    sp = SpecialTokens(mask=63, eos=62)
+    return {"llama": HFBackbone(LlamaForCausalLM(LlamaConfig(**kw, num_key_value_heads=2)).eval(), sp),
+            "roberta": HFBackbone(RobertaForMaskedLM(RobertaConfig(**kw, pad_token_id=1)).eval(), sp),
+            "dream": DreamBackbone(Qwen2ForCausalLM(Qwen2Config(**kw, num_key_value_heads=2)).eval(), sp)}
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_hf_and_dream_logits_at_positions_equal_the_full_rows(padded):
+    ids = torch.randint(2, 60, (2, 10), generator=gen(3))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    if padded:
+        mask[1, :4] = 0
+    for name, bb in _hf_models().items():
+        with torch.no_grad():
+            full = bb(bb.embed(ids), mask if padded else None)
+            for pos in POSITIONS + [slice(0, 1), torch.tensor([4, 5])]:  # 4, 5: the first real tokens / its successor
+                got = bb(bb.embed(ids), mask if padded else None, positions=pos)
+                _close(got, select_positions(full, pos))
+
+
+# -- samplers: positions change nothing ----------------------------------------------------------------------------
+def _full_head(monkeypatch, bb):
+    """Make the backbone ignore `positions` (head over every position, sliced afterwards)."""
+    forward = type(bb).forward
+
+    def full(self, e, attention_mask=None, *, positions=None):
+        return select_positions(forward(self, e, attention_mask), positions)
+
+    monkeypatch.setattr(type(bb), "forward", full)
+
+
+@pytest.mark.parametrize("block_length", [0, 4])
+def test_sde_tokens_identical_with_and_without_restricted_head(monkeypatch, block_length):
+    model = perturb_converter(tiny_dsl(seed=5, beta_init=1.3))
+    pb = PromptBatch.from_lists([[1, 2, 3], [4, 5, 6, 7, 8]], model.special.pad_id)
+    cfg = SDEConfig(nfe=8, gen_length=8, top_m=8, block_length=block_length)
+    fast = [sample_sde(model, pb, cfg, generator=gen(s)).ids for s in (0, 1)]
+    _full_head(monkeypatch, model.backbone)
+    slow = [sample_sde(model, pb, cfg, generator=gen(s)).ids for s in (0, 1)]
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert not torch.equal(fast[0], fast[1])  # different seeds, different tokens: the comparison is not vacuous
+
+
+def test_remask_tokens_identical_with_and_without_restricted_head(monkeypatch):
+    bb = tiny_backbone(seed=6)
+    pb = PromptBatch.from_lists([[1, 2, 3], [4, 5, 6, 7, 8]], bb.special.pad_id)
+    cfgs = [RemaskConfig(steps=8, gen_length=8, block_length=4), RemaskConfig(steps=4, gen_length=8, remdm=True,
+                                                                               temperature=0.7),
+            RemaskConfig(steps=4, gen_length=8, cfg_scale=1.5, temperature=0.5), RemaskConfig(steps=8, gen_length=8)]
+    rows = []
+    h = bb.model.transformer.ln_f.register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[1]))
+    fast = [sample_remask(bb, pb, c, generator=gen(0)).ids for c in cfgs]
+    h.remove()
+    assert min(rows) < 4 and max(rows) <= 8  # still-masked columns only, never the prompt
+    _full_head(monkeypatch, bb)
+    slow = [sample_remask(bb, pb, c, generator=gen(0)).ids for c in cfgs]
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
+# -- posterior mean ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("top_m", [0, 5, 63])
+def test_posterior_mean_matches_the_gather_and_sum(top_m):
+    g = gen(2)
+    logits = torch.randn(3, 7, 64, generator=g) * 4
+    E = torch.nn.functional.normalize(torch.randn(64, 16, generator=g), dim=-1)
+    if top_m:
+        v, i = logits.topk(top_m, -1)
+        ref = torch.einsum("...m,...md->...d", torch.softmax(v, -1), E[i])
+    else:
+        ref = torch.softmax(logits, -1) @ E
+    got = posterior_mean(logits, E, top_m, chunk=4)  # several chunks
+    assert got.shape == (3, 7, 16) and float((got - ref).abs().max()) < 1e-6
+
+
+# -- sparse converter ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tol", [1e-6, 1e-3])
+def test_sparse_converter_is_within_its_mass_bound(tol):
+    model = perturb_converter(tiny_dsl(1024, seed=7, noise_dim=16, backbone_kw={"d_model": 64}))
+    conv, E = model.converter, model.unit_noise()
+    ids = torch.randint(0, 1000, (64,), generator=gen(8))
+    W = conv.backbone_embedding.weight
+    bound = 2 * tol * float(W.detach().abs().max())  # |h - h~| <= 2 * dropped mass * max |W|
+    used_sparse = False
+    with torch.no_grad():
+        for gamma in (0.0, 3.0, 30.0, 100.0):
+            z = gamma * E[ids] + gamma ** 0.5 * torch.randn(64, 16, generator=gen(9))
+            dense = conv(z, E, 2.0)
+            sparse = conv(z, E, 2.0, tolerance=tol)
+            assert float((dense - sparse).abs().max()) <= bound
+            pi = torch.softmax(conv.slot_logits(z, E, torch.tensor(2.0)), -1)
+            used_sparse |= bool(((pi >= tol / pi.shape[-1]).sum(-1) <= pi.shape[-1] // 32).any())
+            if gamma == 0.0:  # a flat softmax keeps too many slots: the dense product, bit for bit
+                assert torch.equal(dense, sparse)
+    assert used_sparse
+
+
+def test_sparse_converter_refuses_gradients_and_bad_tolerance():
+    model = tiny_dsl()
+    z = torch.randn(4, 16, requires_grad=True)
+    with pytest.raises(ValueError, match="inference path"):
+        model.converter(z, model.unit_noise(), tolerance=1e-6)
+    with pytest.raises(ValueError, match="tolerance=1.5"):
+        model.converter(z.detach(), model.unit_noise(), tolerance=1.5)
+    with pytest.raises(ConfigError, match="converter_tolerance=-0.1"):
+        SDEConfig(converter_tolerance=-0.1)
+    c = SDEConfig(converter_tolerance=1e-6)
+    assert SDEConfig.from_dict(c.to_dict()) == c
+
+
+# -- denormals -----------------------------------------------------------------------------------------------------
+def _subnormal() -> float:
+    return float(torch.tensor([torch.finfo(torch.float32).tiny]) / 4)
+
+
+def test_flush_denormals_context_restores_the_mode():
+    assert _subnormal() > 0 and not denormals_flushed()
+    with flush_denormals() as on:
+        if not on:
+            pytest.skip("this CPU has no flush-to-zero mode")
+        assert _subnormal() == 0.0 and denormals_flushed()
+        with flush_denormals():
+            assert _subnormal() == 0.0
+        assert _subnormal() == 0.0 and denormals_flushed()  # the inner exit restores the outer mode
+    assert _subnormal() > 0 and not denormals_flushed()
+    with flush_denormals(enabled=False) as on:
+        assert not on and _subnormal() > 0
+
+
+def test_samplers_leave_the_denormal_mode_as_they_found_it():
+    model = tiny_dsl()
+    pb = PromptBatch.from_lists([[1, 2]], model.special.pad_id)
+    sample_sde(model, pb, SDEConfig(nfe=2, gen_length=4, top_m=4), generator=gen(0))
+    sample_remask(model, pb, RemaskConfig(steps=2, gen_length=4))
+    assert _subnormal() > 0
+
+
+# -- GPU readiness, exercised on CPU -------------------------------------------------------------------------------
+def test_compile_switch_routes_the_backbone_through_torch_compile(monkeypatch):
+    """Plumbing only: a real inductor compile takes minutes on this CPU (it ran once by hand: identical tokens)."""
+    import dsl_llada.backbones.base as base
+
+    seen = []
+    monkeypatch.setattr(base.torch, "compile", lambda m: seen.append(m) or m)
+    model = tiny_dsl(seed=8)
+    pb = PromptBatch.from_lists([[1, 2, 3]], model.special.pad_id)
+    cfg = SDEConfig(nfe=4, gen_length=6, top_m=8)
+    a = sample_sde(model, pb, cfg.replace(compile=True), generator=gen(0))
+    sample_sde(model, pb, cfg.replace(compile=True), generator=gen(0))
+    assert seen == [model.backbone]  # compiled once, reused
+    assert "_compiled_call" not in model.backbone.state_dict() and not any("_compiled" in k for k in model.state_dict())
+    assert torch.equal(a.ids, sample_sde(model, pb, cfg, generator=gen(0)).ids)
+    with pytest.raises(ConfigError, match="compile='yes'"):
+        SDEConfig(compile="yes")
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-6])
+def test_bf16_backbone_with_fp32_converter_softmax(tol):
+    model = perturb_converter(tiny_dsl(seed=9))
+    model.backbone.to(torch.bfloat16)
+    model.converter.backbone_embedding.to(torch.bfloat16)
+    slot_dtypes = []
+    orig = model.converter.slot_logits
+    model.converter.slot_logits = lambda *a: (lambda out: slot_dtypes.append(out.dtype) or out)(orig(*a))
+    pb = PromptBatch.from_lists([[1, 2, 3], [4, 5]], model.special.pad_id)
+    out = sample_sde(model, pb, SDEConfig(nfe=4, gen_length=6, top_m=8, converter_tolerance=tol), generator=gen(0))
+    assert out.ids.shape == (2, 6) and out.forward_passes == 5
+    assert ((out.ids >= 0) & (out.ids < model.vocab_size) & (out.ids != model.special.mask)).all()
+    assert slot_dtypes and set(slot_dtypes) == {torch.float32}
