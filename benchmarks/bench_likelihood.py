@@ -72,7 +72,8 @@ def main() -> None:
     diff = max(abs(x - y) for x, y in zip(results[1], results[a.batch]))
     rps = {bs: a.requests / statistics.median(t) for bs, t in times.items()}
     spread = {bs: f"{a.requests / max(t):.2f}–{a.requests / min(t):.2f}" for bs, t in times.items()}
-    text = f"""### Monte Carlo log-likelihood: batch 1 vs batched (cpu, float32, {torch.get_num_threads()} threads, torch {torch.__version__})
+    threads = torch.get_num_threads()
+    text = f"""### Monte Carlo log-likelihood: batch 1 vs batched (cpu, float32, {threads} threads, torch {torch.__version__})
 
 Command: `python benchmarks/bench_likelihood.py --write` (LLaDA-shaped d_model 256, 4 layers, V 4096;
 {a.requests} requests, context 48–72 + target 4–8 tokens, {a.mc_samples} mask patterns each; median of {a.repeats}

@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, med_spread, random_prompts, write_section  # noqa: E402
+from benchlib import clock, llada_shaped, machine_line, med_spread, random_prompts, write_section
 
-from dsl_llada.config import RemaskConfig, SDEConfig  # noqa: E402
-from dsl_llada.sampling.remask import sample_remask, transfer_counts  # noqa: E402
-from dsl_llada.sampling.sde import inference_beta, sample_sde  # noqa: E402
-from dsl_llada.snr import snr_schedule  # noqa: E402
+from dsl_llada.config import RemaskConfig, SDEConfig
+from dsl_llada.sampling.remask import sample_remask, transfer_counts
+from dsl_llada.sampling.sde import inference_beta, sample_sde
+from dsl_llada.snr import snr_schedule
 
 
 # -- restatements of the authors' per-call work -------------------------------------------------------------------

@@ -51,8 +51,8 @@ def tiny_dsl(vocab: int = V, seed: int = 0, *, noise_dim: int = 16, std: float =
 
 def toy_backbone(world, seed: int = 0, std: float = 0.3):
     """(tokenizer, tiny random LLaDA) over a ToyWorld's vocabulary with the world's special tokens, eval mode."""
-    from dsl_llada.backbones.base import SpecialTokens  # noqa: PLC0415
-    from dsl_llada.toy import build_tokenizer, special_ids  # noqa: PLC0415
+    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.toy import build_tokenizer, special_ids
 
     tok = build_tokenizer(world)
     s = special_ids(tok)

@@ -10,7 +10,8 @@ import pytest
 from dsl_llada.cli import main
 from dsl_llada.toy.demo import DemoConfig
 
-EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block", "ReMDM", "DSL-Remask"}
+EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block",
+                    "ReMDM", "DSL-Remask"}
 
 
 @pytest.fixture(scope="module")

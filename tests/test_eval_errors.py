@@ -67,7 +67,8 @@ def test_data_errors(models, tmp_path):
     with pytest.raises(DataError, match="absent.jsonl' does not exist"):
         run_eval(missing, tmp_path / "r1", progress=False)
     no_field = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", fields={"prompt": "text"})]))
-    with pytest.raises(DataError, match=r"field 'text' \(for 'prompt'\) is not in the rows; fields present: \['category', 'id', 'prompt'\]"):
+    with pytest.raises(DataError,
+                       match=r"field 'text' \(for 'prompt'\) is not in the rows; fields present: \['category', 'id', 'prompt'\]"):
         run_eval(no_field, tmp_path / "r2", progress=False)
     empty = EvalConfig.from_dict(base_config(models, [task(data_dir() / "prompts_200.jsonl", offset=500)]))
     with pytest.raises(DataError, match=r"has no usable rows \(200 rows read, offset=500"):

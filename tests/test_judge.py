@@ -112,7 +112,6 @@ def test_bootstrap_ci_hand_computed_extremes_and_seeded():
     assert two["win"] == 50.0 and two["win_ci95"] == [0.0, 100.0]
     mixed = _recs(["A", "B", "tie", "A", "A", "B", "A", "tie", "B", "A"] * 3)
     s1, s2 = aggregate(mixed, resamples=2000, seed=1), aggregate(mixed, resamples=2000, seed=1)
-    s3 = aggregate(mixed, resamples=2000, seed=2)
     assert s1["win_ci95"] == s2["win_ci95"]
     assert s1["win_ci95"][0] < s1["win"] < s1["win_ci95"][1]
     groups = [[0], [2], [1], [0]] * 5
@@ -169,7 +168,7 @@ class _Flaky(BaseHTTPRequestHandler):
     failures = 2
     hits = 0
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         type(self).hits += 1
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert body["messages"][0]["role"] == "system"
@@ -229,8 +228,8 @@ def test_backend_input_errors(tmp_path, monkeypatch):
         OpenAIChatBackend("127.0.0.1:1", "m")
     with pytest.raises(ValueError, match="does not exist"):
         LocalChatBackend(tmp_path / "nope")
-    from tokenizers import Tokenizer, models  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
     tok.save_pretrained(str(tmp_path / "plain"))
@@ -278,7 +277,7 @@ def test_judge_cli_options_and_errors(tmp_path):
 @pytest.mark.slow
 def test_local_smollm2_judge_end_to_end(tmp_path, one_thread):
     pytest.importorskip("gguf")
-    from dsl_llada.eval.judge_backends import smollm2_gguf  # noqa: PLC0415
+    from dsl_llada.eval.judge_backends import smollm2_gguf
 
     try:
         smollm2_gguf()

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(not GSM8K.exists(), reason=f"real data not found
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """A BPE tokenizer trained on GSM8K questions, a tiny random LLaDA over it, and a DSL conversion."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     texts = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()]
     specials = ["<|eot_id|>", "<|endoftext|>", "<|startoftext|>", "<|mdm_mask|>"]
@@ -125,10 +125,10 @@ def test_lm_eval_runs_generation_multiple_choice_and_rolling_offline(model_dirs,
 
 
 def test_adapter_requests_directly(model_dirs, one_thread):
-    from lm_eval.api.instance import Instance  # noqa: PLC0415
+    from lm_eval.api.instance import Instance
 
-    from dsl_llada.eval.lmeval import DSLLadaLM  # noqa: PLC0415
-    from dsl_llada.eval.likelihood import LikelihoodRequest, mc_loglikelihood  # noqa: PLC0415
+    from dsl_llada.eval.lmeval import DSLLadaLM
+    from dsl_llada.eval.likelihood import LikelihoodRequest, mc_loglikelihood
 
     lm = DSLLadaLM.create_from_arg_string(f"model_dir={model_dirs / 'backbone'},sampler=remask,steps=4,gen_length=8,"
                                           "mc_samples=8,chat_template=false")
@@ -151,9 +151,9 @@ def test_adapter_requests_directly(model_dirs, one_thread):
 
 
 def test_overlong_request_is_truncated_from_the_left_once(model_dirs, caplog, one_thread):
-    from lm_eval.api.instance import Instance  # noqa: PLC0415
+    from lm_eval.api.instance import Instance
 
-    from dsl_llada.eval.lmeval import DSLLadaLM  # noqa: PLC0415
+    from dsl_llada.eval.lmeval import DSLLadaLM
 
     lm = DSLLadaLM.create_from_arg_string(f"model_dir={model_dirs / 'backbone'},sampler=remask,mc_samples=2")
     long_ctx = " ".join(["apples"] * 200)

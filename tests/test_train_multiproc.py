@@ -29,11 +29,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 
 from train_common import ContentSeededObjective, corpus, letters, make_backbone_dir, multiproc_config, \
-    param_checksum  # noqa: E402
+    param_checksum
 
-from dsl_llada.backbones import load_backbone  # noqa: E402
-from dsl_llada.model import DSLModel  # noqa: E402
-from dsl_llada.train.trainer import train  # noqa: E402
+from dsl_llada.backbones import load_backbone
+from dsl_llada.model import DSLModel
+from dsl_llada.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"

@@ -18,19 +18,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 
-from train_common import VOCAB, corpus, letters, make_backbone_dir  # noqa: E402
+from train_common import VOCAB, corpus, letters, make_backbone_dir
 
-from dsl_llada.backbones import load_backbone  # noqa: E402
-from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig  # noqa: E402
-from dsl_llada.config import ConfigError, ConverterConfig, DSLConfig  # noqa: E402
-from dsl_llada.model import DSLModel  # noqa: E402
-from dsl_llada.train import trainer as trainer_mod  # noqa: E402
-from dsl_llada.train.checkpointing import flatten_tree, load_tree, save_tree, unflatten_tree  # noqa: E402
-from dsl_llada.train.components import ObjectiveModule  # noqa: E402
-from dsl_llada.train.config import TrainConfig, apply_overrides, load_train_config, parse_override_value  # noqa: E402
-from dsl_llada.train.objectives import ObjectiveOutput, get_objective  # noqa: E402
-from dsl_llada.train.optim import apply_freezing, build_optimizer, param_groups, register_converter_grad_hooks  # noqa: E402
-from dsl_llada.train.trainer import TrainingDiverged, train  # noqa: E402
+from dsl_llada.backbones import load_backbone
+from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.config import ConfigError, ConverterConfig, DSLConfig
+from dsl_llada.model import DSLModel
+from dsl_llada.train import trainer as trainer_mod
+from dsl_llada.train.checkpointing import flatten_tree, load_tree, save_tree, unflatten_tree
+from dsl_llada.train.components import ObjectiveModule
+from dsl_llada.train.config import TrainConfig, apply_overrides, load_train_config, parse_override_value
+from dsl_llada.train.objectives import ObjectiveOutput, get_objective
+from dsl_llada.train.optim import apply_freezing, build_optimizer, param_groups, register_converter_grad_hooks
+from dsl_llada.train.trainer import TrainingDiverged, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

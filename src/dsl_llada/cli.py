@@ -13,9 +13,9 @@ from .utils import run_cli_command
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
-    from .cli_config import add_config_args  # noqa: PLC0415
-    from .config import RemaskConfig, SDEConfig  # noqa: PLC0415
-    from .sampling.dispatch import SAMPLERS  # noqa: PLC0415
+    from .cli_config import add_config_args
+    from .config import RemaskConfig, SDEConfig
+    from .sampling.dispatch import SAMPLERS
 
     g = p.add_argument_group("sampler", "--sampler picks the config: sde / block-sde take SDEConfig's fields, "
                                         "remask / remdm RemaskConfig's; a flag of the other config is an error")
@@ -27,9 +27,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sampler_choice(a: argparse.Namespace):
-    from .cli_config import config_from_args  # noqa: PLC0415
-    from .config import RemaskConfig, SDEConfig  # noqa: PLC0415
-    from .generation import SamplerChoice  # noqa: PLC0415
+    from .cli_config import config_from_args
+    from .config import RemaskConfig, SDEConfig
+    from .generation import SamplerChoice
 
     if a.sampler in ("sde", "block-sde"):
         block = getattr(a, "block_length", 0)
@@ -45,7 +45,7 @@ def _sampler_choice(a: argparse.Namespace):
 
 def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str) -> dict:
     """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
-    import hashlib  # noqa: PLC0415
+    import hashlib
 
     digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
@@ -55,10 +55,10 @@ def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .generation import (NonFiniteLogitsError, check_prompt_lengths, check_prompt_texts, context_limit,  # noqa: PLC0415
+    from .generation import (NonFiniteLogitsError, check_prompt_lengths, check_prompt_texts, context_limit,
                              default_device, encode_prompt, generate, load_model, load_tokenizer, parse_dtype,
                              read_prompts)
-    from .records import RecordFile  # noqa: PLC0415
+    from .records import RecordFile
 
     choice = _sampler_choice(a)
     prompts = list(a.prompt or [])
@@ -69,7 +69,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     check_prompt_texts(prompts)
     if a.resume and not a.output:
         raise ValueError("--resume needs --output FILE (the records file to continue)")
-    from .backbones import resolve_model_path  # noqa: PLC0415
+    from .backbones import resolve_model_path
 
     device = a.device or default_device()
     dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
@@ -125,19 +125,19 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
-    from .backbones import load_backbone  # noqa: PLC0415
-    from .config import ConverterConfig, DSLConfig  # noqa: PLC0415
-    from .generation import parse_dtype  # noqa: PLC0415
-    from .model import DSLModel  # noqa: PLC0415
+    from .backbones import load_backbone
+    from .config import ConverterConfig, DSLConfig
+    from .generation import parse_dtype
+    from .model import DSLModel
 
     cfg = DSLConfig(converter=ConverterConfig(noise_dim=a.noise_dim, noise_init=a.noise_init, beta_init=a.beta_init,
                                               layout=a.layout, trainable_noise_embed=not a.frozen_noise_embed,
                                               noise_seed=a.seed),
                     context_embedding=a.context_embedding)
-    from .backbones import resolve_model_path  # noqa: PLC0415
+    from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
-    from .outputs import prepare_output_dir  # noqa: PLC0415
+    from .outputs import prepare_output_dir
 
     prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
@@ -148,7 +148,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from .toy.demo import run_demo_cli  # noqa: PLC0415
+    from .toy.demo import run_demo_cli
 
     return run_demo_cli(a)
 
@@ -212,18 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     try:
-        from .train.cli import add_train_parser  # noqa: PLC0415
+        from .train.cli import add_train_parser
     except ImportError:
         pass
     else:
         add_train_parser(sub)
-    from .eval.cli import add_eval_parser  # noqa: PLC0415
+    from .eval.cli import add_eval_parser
 
     add_eval_parser(sub)
-    from .serve.cli import add_serve_parser  # noqa: PLC0415
+    from .serve.cli import add_serve_parser
 
     add_serve_parser(sub)
-    from .eval.lmeval_cli import add_lmeval_parser  # noqa: PLC0415
+    from .eval.lmeval_cli import add_lmeval_parser
 
     add_lmeval_parser(sub)
     return p

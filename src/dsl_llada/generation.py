@@ -52,7 +52,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: 
 
 def load_tokenizer(path: str | Path):
     """A Hugging Face tokenizer from a local folder (never the hub; no remote code)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: PLC0415
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         if (Path(path) / "tokenizer.json").exists():  # a fast tokenizer file: no need to read the model's config

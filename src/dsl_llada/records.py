@@ -45,7 +45,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def _lock(fd: int, path: Path) -> None:
     """An exclusive advisory lock for the run's lifetime, so two runs never append to one file (POSIX only)."""
     try:
-        import fcntl  # noqa: PLC0415
+        import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         return
     try:

@@ -87,7 +87,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     "model")`); anything else raises OutputError before any work, so no user folder is ever deleted here.
     A crash, a full disk or Ctrl-C inside the block leaves `path` untouched and removes the temp folder.
     """
-    from .outputs import OutputError, is_own_artifact, unknown_entries  # noqa: PLC0415
+    from .outputs import OutputError, is_own_artifact, unknown_entries
 
     path = Path(path)
     if path.exists() or path.is_symlink():
@@ -123,7 +123,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
     """A tqdm progress bar that can be silenced (returns the bare iterable when disabled)."""
     if not enabled:
         return iterable if iterable is not None else range(total or 0)
-    from tqdm.auto import tqdm  # noqa: PLC0415  (only when a bar is shown)
+    from tqdm.auto import tqdm
 
     return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
 
@@ -146,7 +146,7 @@ def describe_os_error(e: OSError) -> str:
 def run_cli_command(func, args, *, interrupted: str) -> int:
     """Run a CLI subcommand: bad input or an unusable file/disk becomes one `error: ...` line and exit code 2,
     Ctrl-C exit code 130."""
-    import sys  # noqa: PLC0415
+    import sys
 
     try:
         return int(func(args) or 0)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_common import ContentSeededObjective, corpus, letters, multiproc_config, param_checksum, write_json  # noqa: E402
+from train_common import ContentSeededObjective, corpus, letters, multiproc_config, param_checksum, write_json
 
-from dsl_llada.train.trainer import train  # noqa: E402
+from dsl_llada.train.trainer import train
 
 
 def main() -> None:

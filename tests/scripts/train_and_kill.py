@@ -11,10 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_common import corpus, letters  # noqa: E402
+from train_common import corpus, letters
 
-from dsl_llada.train.config import TrainConfig  # noqa: E402
-from dsl_llada.train.trainer import train  # noqa: E402
+from dsl_llada.train.config import TrainConfig
+from dsl_llada.train.trainer import train
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def register_backbone(model_type: str, loader: Loader) -> None:
 
 def _generic_loader() -> Loader | None:
     try:
-        from .hf import load_hf_backbone  # noqa: PLC0415  (optional module; imports transformers)
+        from .hf import load_hf_backbone
     except ImportError:
         return None
     return load_hf_backbone
@@ -33,7 +33,7 @@ def _generic_loader() -> Loader | None:
 
 def _dream_loader() -> Loader | None:
     try:
-        from .hf import DreamBackbone  # noqa: PLC0415
+        from .hf import DreamBackbone
     except ImportError:
         return None
     return DreamBackbone.from_pretrained
@@ -64,7 +64,7 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     if not allow_download:
         raise CheckpointError(f"checkpoint folder {name_or_path!r} does not exist (to fetch a Hugging Face hub id instead, "
                               f"pass --allow-download)")
-    from huggingface_hub import snapshot_download  # noqa: PLC0415
+    from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
 
@@ -75,10 +75,10 @@ __all__ = ["Backbone", "CheckpointError", "LLaDABackbone", "LLaDAConfig", "Speci
 
 def save_backbone(backbone: Backbone, folder: str | Path, *, max_shard_bytes: int | None = None) -> Path:
     """Write a backbone as a Hugging Face-style folder (config.json + safetensors under its own key names)."""
-    import json  # noqa: PLC0415
+    import json
 
-    from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, write_safetensors  # noqa: PLC0415
-    from ..utils import atomic_directory  # noqa: PLC0415
+    from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, write_safetensors
+    from ..utils import atomic_directory
 
     folder = Path(folder)
     with atomic_directory(folder) as tmp:

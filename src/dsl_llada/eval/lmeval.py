@@ -88,7 +88,7 @@ class DSLLadaLM(LM):
         self._warned = False
         self._rank, self._world_size, self._state = 0, 1, None
         try:
-            from accelerate import PartialState  # noqa: PLC0415
+            from accelerate import PartialState
 
             state = PartialState()
             if state.num_processes > 1:
@@ -116,14 +116,14 @@ class DSLLadaLM(LM):
     def all_gather(self, tensor):
         if self._state is None:
             return tensor
-        from accelerate.utils import gather  # noqa: PLC0415
+        from accelerate.utils import gather
 
         return gather(tensor.reshape(1) if tensor.dim() == 0 else tensor)
 
     def gather_object(self, obj, dst=0):
         if self._state is None:
             return [obj]
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch.distributed as dist
 
         out = [None] * self._world_size if self._rank == dst else None
         dist.gather_object(obj, out, dst=dst)

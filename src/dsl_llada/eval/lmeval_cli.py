@@ -34,14 +34,14 @@ def add_lmeval_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_lmeval(a: argparse.Namespace) -> int:
     try:
-        import lm_eval  # noqa: PLC0415
-        from lm_eval.tasks import TaskManager  # noqa: PLC0415
-        from lm_eval.utils import make_table  # noqa: PLC0415
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+        from lm_eval.utils import make_table
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..generation import default_device  # noqa: PLC0415
-    from ..utils import atomic_write_text  # noqa: PLC0415
-    from .lmeval import DSLLadaLM  # noqa: PLC0415  (registers the model)
+    from ..generation import default_device
+    from ..utils import atomic_write_text
+    from .lmeval import DSLLadaLM
 
     if not Path(a.model_dir).is_dir():
         raise ValueError(f"--model-dir {a.model_dir!r} is not a folder")

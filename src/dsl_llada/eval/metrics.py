@@ -292,7 +292,7 @@ def failure_rates(tags: Iterable[FailureTags | Mapping[str, bool]]) -> dict[str,
 def _rouge_scorer() -> Any:
     global _ROUGE_SCORER
     if _ROUGE_SCORER is None:
-        from rouge_score import rouge_scorer  # noqa: PLC0415  (lazy: only needed when ROUGE is asked for)
+        from rouge_score import rouge_scorer
 
         _ROUGE_SCORER = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     return _ROUGE_SCORER

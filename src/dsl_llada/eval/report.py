@@ -46,10 +46,10 @@ def plot_nfe_curves(rows: Sequence[dict[str, Any]], path: str | Path,
                                                          ("len", "Length (words)")),
                     title: str = "") -> Path:
     """One panel per metric, metric vs NFE (log2 x-axis), one line per method; saved as PNG atomically."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     path = Path(path)
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -347,7 +347,8 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
                 metrics = task.item_metrics(s.info, text, cfg.scoring_mode)
             except Exception as e:  # noqa: BLE001
                 error = f"metrics: {type(e).__name__}: {e}"
-        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe, "seed": b.seed, "sample_id": s.id, "index": s.index,
+        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe,
+                     "seed": b.seed, "sample_id": s.id, "index": s.index,
                      "gen_length": b.gen_length, "prompt_tokens": len(p_ids), "text": text, "ids": resp,
                      "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
                      "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,

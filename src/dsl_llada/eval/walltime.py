@@ -52,8 +52,8 @@ class Timing:
 
 def time_diffusion_sample(model, tokenizer, prompt: str, choice, *, seed: int, chat_template: bool = True) -> Timing:
     """One timed sample through this project's samplers (batch size 1)."""
-    from ..generation import encode_prompt, run_sampler  # noqa: PLC0415
-    from ..sampling.common import PromptBatch  # noqa: PLC0415
+    from ..generation import encode_prompt, run_sampler
+    from ..sampling.common import PromptBatch
 
     device = next(model.parameters()).device
     ids = encode_prompt(tokenizer, prompt, chat_template=chat_template)
@@ -73,7 +73,7 @@ class ARModel:
 
     def __init__(self, folder: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  gguf_file: str | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         kw: dict[str, Any] = {"local_files_only": True}
         if gguf_file:
@@ -120,10 +120,10 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def plot_walltime(summary: dict[str, dict[str, Any]], path) -> None:
     """Seconds per sample against NFE for each diffusion method, with AR baselines as horizontal lines."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     families: dict[str, list[tuple[int, float]]] = {}

@@ -342,7 +342,7 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
 
 def run_demo_cli(args) -> int:
     """Entry point of `dsl-llada demo` (prints; the library parts log)."""
-    from ..outputs import prepare_output_dir  # noqa: PLC0415
+    from ..outputs import prepare_output_dir
 
     prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed)

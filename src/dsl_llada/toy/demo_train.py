@@ -61,7 +61,7 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
     """The trainer's grouping function (`dsl_llada.train.optim.group_parameters`) with the demo's one difference:
     the converter's matrices are not decayed (`decay_converter_matrices=False`; the trainer decays them, as the
     paper). Each group keeps its `base_lr` for the warmup."""
-    from ..train.optim import group_parameters  # noqa: PLC0415
+    from ..train.optim import group_parameters
 
     groups = group_parameters(model, lr=stage.lr, weight_decay=stage.weight_decay,
                               converter_lr_mult=stage.converter_lr_mult, decay_converter_matrices=False)
@@ -71,7 +71,7 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
 def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
               block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train") -> list[float]:
     """Train `model` in place for `stage.steps` steps; returns the loss curve."""
-    from ..train.objectives import check_finite, get_objective  # noqa: PLC0415
+    from ..train.objectives import check_finite, get_objective
 
     ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
     options = {"stratified_t": True} if stage.stratified_t else {}

@@ -15,8 +15,7 @@ import torch
 from ..config import RemaskConfig, SDEConfig
 from ..eval import metrics as M
 from ..eval.correction import aggregate_fix_clean, fix_clean_records
-from ..generation import SamplerChoice, run_sampler, sample_in_batches
-from ..sampling.common import PromptBatch
+from ..generation import SamplerChoice, sample_in_batches
 from .tasks import TaskExample, render_prompt, response_words, score_response
 from .world import ToyWorld
 

@@ -284,10 +284,10 @@ def render_sweep(rows: Sequence[dict[str, Any]], reference: dict[str, Any], swee
 
 def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """One column per factor: open-ended exact perplexity (top) and summarisation ROUGE-L (bottom) against NFE."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     groups = list(dict.fromkeys(r["group"] for r in rows))
     fig, axes = plt.subplots(2, len(groups), figsize=(3.3 * len(groups), 6.6), squeeze=False)

@@ -162,7 +162,7 @@ class FSDP2Backend(Backend):
 
     def clip(self, params: list[nn.Parameter], max_norm: float | None) -> float | None:
         if self.replicated and self.world > 1:
-            import torch.distributed as dist  # noqa: PLC0415
+            import torch.distributed as dist
 
             for p in self.replicated:
                 if p.grad is not None:
@@ -173,7 +173,7 @@ class FSDP2Backend(Backend):
         return clip_grad_norm_sharded(params, max_norm)
 
     def model_weights(self, model: nn.Module, is_dsl: bool, main: bool) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         weights = {k.removeprefix(MODEL_PREFIX): v for k, v in full.items()}
@@ -182,7 +182,7 @@ class FSDP2Backend(Backend):
         return weights
 
     def save_optimizer(self, state_dir: Path, main: bool) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         state = get_optimizer_state_dict(self.wrapped, self.optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -190,7 +190,7 @@ class FSDP2Backend(Backend):
             save_tree(state, state_dir, "optimizer")
 
     def load_optimizer(self, state_dir: Path, main: bool) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         state = load_tree(state_dir, "optimizer") if main else {}
         set_optimizer_state_dict(self.wrapped, self.optimizer, state,
@@ -200,7 +200,7 @@ class FSDP2Backend(Backend):
 def make_backend(acc: Any, config: TrainConfig, mixed_precision: str) -> Backend:
     """The back-end for this launch: DeepSpeed (accelerate DeepSpeed config), FSDP2 (`sharding: fsdp2` or an
     accelerate FSDP config) or plain (1 process / DDP)."""
-    from accelerate.utils import DistributedType  # noqa: PLC0415
+    from accelerate.utils import DistributedType
 
     if acc.distributed_type == DistributedType.DEEPSPEED:
         if config.sharding == "fsdp2":

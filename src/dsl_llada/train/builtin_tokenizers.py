@@ -40,8 +40,8 @@ def _special_names(special: SpecialTokens) -> dict[int, str]:
 
 def builtin_tokenizer(kind: str, vocab_size: int, special: SpecialTokens):
     """A `PreTrainedTokenizerFast` equivalent to the trainer's 'bytes' or 'ids' encoder for a model of `vocab_size`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     names = _special_names(special)
     if kind == "bytes":

@@ -316,7 +316,7 @@ def save_run(run: RunParts, progress: RunProgress) -> Path:
 def load_run(run: RunParts, folder: Path) -> RunProgress:
     """Restore optimizer, scheduler, RNG and data position from `folder` (the model weights were loaded from it
     already). Returns the checkpoint's step and counters."""
-    from ..config import ConfigError  # noqa: PLC0415
+    from ..config import ConfigError
 
     state_dir = folder / TRAINER_STATE
     state = json.loads((state_dir / STATE_FILE).read_text())

@@ -55,8 +55,8 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Load the config, train, print a one-line JSON summary (main process). Returns the exit code."""
-    from .config import load_train_config  # noqa: PLC0415
-    from .trainer import TrainingDiverged, train  # noqa: PLC0415
+    from .config import load_train_config
+    from .trainer import TrainingDiverged, train
 
     config = load_train_config(args.config, args.overrides)
     if getattr(args, "quiet", False):
@@ -64,7 +64,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json())
         return 0
-    from ..outputs import prepare_output_dir  # noqa: PLC0415
+    from ..outputs import prepare_output_dir
 
     prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
     try:
@@ -72,7 +72,7 @@ def run_train(args: argparse.Namespace) -> int:
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    import os  # noqa: PLC0415
+    import os
 
     if os.environ.get("RANK", "0") == "0":
         last = result.losses[result.final_step] if result.final_step in result.losses else None
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def os_rank() -> int:
-    import os  # noqa: PLC0415
+    import os
 
     try:
         return int(os.environ.get("RANK", "0"))

@@ -48,7 +48,7 @@ class ObjectiveModule(nn.Module):
 def _reset_accelerate_state() -> None:
     """Allow several train() calls in one process (tests, notebooks): accelerate's state objects are singletons."""
     try:
-        from accelerate.state import AcceleratorState, GradientState  # noqa: PLC0415
+        from accelerate.state import AcceleratorState, GradientState
 
         AcceleratorState._reset_state(reset_partial_state=False)
         GradientState._reset_state()
@@ -58,8 +58,8 @@ def _reset_accelerate_state() -> None:
 
 def make_accelerator(config: TrainConfig, output_dir: Path):
     """(Accelerator, resolved mixed precision). Checks the expected world size."""
-    from accelerate import Accelerator  # noqa: PLC0415
-    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration  # noqa: PLC0415
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
     c = config
     _reset_accelerate_state()
@@ -67,7 +67,7 @@ def make_accelerator(config: TrainConfig, output_dir: Path):
     mp = c.mixed_precision if c.mixed_precision != "auto" else ("bf16" if cuda else "no")
     log_with = None if c.logging == "jsonl" else c.logging
     if log_with is not None:
-        from accelerate.utils import is_tensorboard_available, is_wandb_available  # noqa: PLC0415
+        from accelerate.utils import is_tensorboard_available, is_wandb_available
 
         available = is_wandb_available() if log_with == "wandb" else is_tensorboard_available()
         if not available:  # accelerate would silently drop the tracker
@@ -176,7 +176,7 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
     if folder is None:
         raise ConfigError("no tokenizer: set `tokenizer` to a tokenizer folder, 'bytes' or 'ids' (init_from='scratch' "
                           "has no tokenizer files)")
-    from ..generation import load_tokenizer  # noqa: PLC0415
+    from ..generation import load_tokenizer
 
     return load_tokenizer(folder), folder
 
@@ -192,7 +192,7 @@ def tokenizer_for_checkpoints(config: TrainConfig, tokenizer: Any, tokenizer_dir
         return None
     if isinstance(config.tokenizer, str) and config.tokenizer in SPECIAL_TOKENIZERS and \
             tokenizer in (_byte_encode, _ids_encode):
-        from .builtin_tokenizers import builtin_tokenizer  # noqa: PLC0415
+        from .builtin_tokenizers import builtin_tokenizer
 
         try:
             return builtin_tokenizer(config.tokenizer, vocab_size, special)
@@ -235,7 +235,7 @@ def shard_fsdp2(wrapper: ObjectiveModule, device: torch.device, mixed_precision:
     stay replicated, because fully_shard refuses 0-d tensors: their gradients must be all-reduced by the caller.
     Returns those trainable replicated parameters. `plugin` = accelerate's FSDP plugin (block class names,
     reshard_after_forward), when launched with an accelerate FSDP config."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     backbone = backbone_of(wrapper.model)
     names = _block_class_names(backbone, plugin)

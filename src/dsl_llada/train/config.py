@@ -241,7 +241,7 @@ def parse_override_value(text: str) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         pass
-    import yaml  # noqa: PLC0415
+    import yaml
 
     try:
         v = yaml.safe_load(text)
@@ -325,7 +325,7 @@ def load_train_config(path: str | Path | None = None, overrides: Sequence[str] =
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{p} is not valid JSON: {e}") from None
         else:
-            import yaml  # noqa: PLC0415
+            import yaml
 
             try:
                 data = yaml.safe_load(text) or {}

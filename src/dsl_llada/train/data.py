@@ -121,7 +121,7 @@ class TokenBlockDataset(IterableDataset):
                 yield from read_file(path, cfg.txt_documents)
         else:
             try:
-                import datasets  # noqa: PLC0415  (optional dependency)
+                import datasets
             except ImportError:
                 raise ImportError(f"DataConfig.source={cfg.source!r} is a Hugging Face dataset id, which needs the "
                                   f"`datasets` package: pip install datasets (or use DataConfig.files / texts=)") from None

@@ -186,8 +186,8 @@ def clip_grad_norm_sharded(params: Iterable[nn.Parameter], max_norm: float | Non
     Sharded gradients contribute the all-reduced sum of their local squared norms; plain gradients (replicated and
     already averaged across ranks) count once.
     """
-    import torch.distributed as dist  # noqa: PLC0415
-    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in params if p.grad is not None]
     local = torch.zeros((), dtype=torch.float64)

@@ -44,7 +44,7 @@ def read_file(path: str, txt_documents: str) -> Iterator[tuple[Any, str]]:
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
         try:
-            import pyarrow.parquet as pq  # noqa: PLC0415  (optional dependency)
+            import pyarrow.parquet as pq
         except ImportError:
             raise ImportError(f"reading {path!r} needs pyarrow: pip install pyarrow") from None
         row = 0

@@ -117,7 +117,7 @@ class Trainer:
         acc = self.acc
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         self.device = acc.device
-        from accelerate.utils import set_seed  # noqa: PLC0415
+        from accelerate.utils import set_seed
 
         set_seed(c.seed)
         self.resume_from = self._resume_point()
@@ -188,7 +188,7 @@ class Trainer:
         """Sum (or max) small float lists over processes (float64; identity with one process)."""
         if self.world == 1:
             return values
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch.distributed as dist
 
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
@@ -345,7 +345,7 @@ class Trainer:
         c = self.config
         if not (c.progress and self.main and start < c.max_steps):
             return None
-        from tqdm.auto import tqdm  # noqa: PLC0415
+        from tqdm.auto import tqdm
 
         return tqdm(total=c.max_steps, initial=start, desc=f"train {c.objective}", dynamic_ncols=True)
 

@@ -28,7 +28,7 @@ def get_task(name: str):
 
         return ProbesTask()
     if name == "walltime":
-        from .walltime import WalltimeTask  # noqa: PLC0415
+        from .walltime import WalltimeTask
 
         return WalltimeTask()
     raise ValueError(f"task {name!r} is not valid; expected one of generation, summarization, reasoning, correction, "

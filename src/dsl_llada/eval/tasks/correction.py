@@ -96,7 +96,8 @@ class CorrectionTask:
                 out.append((pl, {"kind": kind, "path": path, "gamma": g, **extra}))
         return out
 
-    def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int, mode: str) -> list[tuple[dict[str, Any] | None, str | None]]:
+    def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int,
+                  mode: str) -> list[tuple[dict[str, Any] | None, str | None]]:
         from .. import correction as C
 
         model, tok = loaded.model, loaded.tokenizer
@@ -147,7 +148,9 @@ class CorrectionTask:
             rows.append(row)
         lines = ["| dataset | variant | model | n | scored | skipped | errors | corrupted tokens | Fix % | Clean % | "
                  "overcorrect % | selective |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        f = (lambda v: "–" if v is None else f"{v:.1f}")
+        def f(v: float | None) -> str:
+            return "–" if v is None else f"{v:.1f}"
+
         for r in rows:
             lines.append(f"| {r['dataset']} | {r['variant']} | {r['model']} | {r['n']} | {r['scored']} | {r['skipped']} | "
                          f"{r['errors']} | {r.get('n_corrupted', 0)} | {f(r.get('fix'))} | {f(r.get('clean'))} | "

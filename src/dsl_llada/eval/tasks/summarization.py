@@ -215,6 +215,7 @@ def _bertscores(records: list[dict[str, Any]], opts: dict[str, Any] | None, ctx:
     from ..scorers.bertscore import local_minilm_dir
 
     folder = local_minilm_dir() if opts.get("model_dir") == "minilm" else opts["model_dir"]
-    scores = bertscore([r["text"] for r in todo], [r["info"]["reference"] for r in todo], model_dir=folder, num_layers=int(opts.get("num_layers", 6)),
+    scores = bertscore([r["text"] for r in todo], [r["info"]["reference"] for r in todo], model_dir=folder,
+                       num_layers=int(opts.get("num_layers", 6)),
                        batch_size=int(opts.get("batch_size", 16)))
     return {r["key"]: s for r, s in zip(todo, scores)}

@@ -35,7 +35,7 @@ class WalltimeTask(SamplingTask):
         self._source_name = "summarization"
 
     def _source(self, options: dict[str, Any]):
-        from . import get_task  # noqa: PLC0415
+        from . import get_task
 
         return get_task(options.get("source", "summarization"))
 
@@ -58,7 +58,7 @@ class WalltimeTask(SamplingTask):
         return [rows[i] for i in keep]
 
     def gen_length(self, ds: DatasetSpec) -> int:
-        from . import get_task  # noqa: PLC0415
+        from . import get_task
 
         return get_task(self._source_name).gen_length(ds)
 
