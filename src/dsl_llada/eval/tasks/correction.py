@@ -148,6 +148,7 @@ class CorrectionTask:
             rows.append(row)
         lines = ["| dataset | variant | model | n | scored | skipped | errors | corrupted tokens | Fix % | Clean % | "
                  "overcorrect % | selective |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
         def f(v: float | None) -> str:
             return "–" if v is None else f"{v:.1f}"
 
