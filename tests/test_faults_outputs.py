@@ -22,7 +22,7 @@ import dsl_llada.checkpoint as checkpoint_mod
 from dsl_llada.cli import main
 from dsl_llada.model import DSLModel
 from dsl_llada.outputs import OutputError, is_own_artifact, prepare_output_dir
-from dsl_llada.utils import atomic_write_text
+from dsl_llada.utils import atomic_write_text, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,10 +169,16 @@ def test_outputs_follow_the_umask(backbone, tmp_path, capsys, umask, file_mode, 
         assert main(["generate", "--model", str(out), "--prompt", "hi", "--sampler", "remask", "--steps", "2",
                      "--gen-length", "4", "-q", "--output", str(rec)]) == 0
         atomic_write_text(tmp_path / "plain.txt", "x")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        save_figure(plt.figure(figsize=(1, 1)), tmp_path / "plot.png")  # every report figure goes through it
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == dir_mode
-    files = [*out.iterdir(), rec, Path(str(rec) + ".config.json"), tmp_path / "plain.txt"]
+    files = [*out.iterdir(), rec, Path(str(rec) + ".config.json"), tmp_path / "plain.txt", tmp_path / "plot.png"]
     assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {p.name: oct(file_mode) for p in files}
 
 

@@ -65,6 +65,19 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def save_figure(fig, path: str | Path, *, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as PNG atomically (temp file, rename; the umask's mode) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` via a temp file in the same folder (fsynced) and an atomic rename; mode from umask."""
     path = Path(path)

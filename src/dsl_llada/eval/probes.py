@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 
 from . import metrics as M
 from .correction import _encode, special_ids
+from ..utils import save_figure
 
 __all__ = ["calibration_summary", "context_robustness_records", "context_robustness_summary",
            "converter_phase_table", "mask_calibration_records", "reliability_diagram"]
@@ -158,17 +158,7 @@ def reliability_diagram(summary: Mapping[str, Any], path: str | os.PathLike, *, 
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return save_figure(fig, path)
 
 
 def context_robustness_records(model: Any, tokenizer: Any, texts: Sequence[str | Sequence[int]], *,

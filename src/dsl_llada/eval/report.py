@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..utils import save_figure
 
 Column = tuple[str, str, str]
 """(row key, header, format spec such as '.2f' or '' for str())."""
@@ -73,14 +73,4 @@ def plot_nfe_curves(rows: Sequence[dict[str, Any]], path: str | Path,
         fig.suptitle(title)
     n_rows = -(-len(labels) // 4) if labels else 0
     fig.tight_layout(rect=(0, 0.06 * n_rows, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return save_figure(fig, path)

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..utils import save_figure
+
 
 def choose_prompts(n_rows: int, k: int, seed: int = 42) -> list[int]:
     """Row indices of the fixed prompt subset: numpy RandomState(seed).choice without replacement (as §5.9)."""
@@ -141,5 +143,4 @@ def plot_walltime(summary: dict[str, dict[str, Any]], path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

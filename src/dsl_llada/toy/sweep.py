@@ -28,7 +28,7 @@ from ..eval.report import markdown_table
 from ..generation import SamplerChoice
 from ..model import DSLModel
 from ..sampling.sde import inference_beta
-from ..utils import atomic_write_text
+from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
 from .evaluate import aggregate, sample_records, score_record
 
@@ -310,15 +310,7 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     axes[1][0].set_ylabel("summarisation ROUGE-L")
     fig.suptitle("Toy world: SDE sensitivity, one factor at a time (black = defaults)")
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(path)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_sweep(rows, reference, sweep: SweepConfig, out: Path) -> None:

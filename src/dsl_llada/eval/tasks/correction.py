@@ -30,6 +30,7 @@ from ..data import (
     row_id,
     sliced,
 )
+from ...utils import save_figure
 from .base import SummaryContext, TaskSummary, usable_paths
 
 KINDS = {"semantic": ("semantic",), "benchmark": ("benchmark",), "noisy-edit": ("noisy", "edit"),
@@ -186,10 +187,7 @@ def _plot_fix_clean(rows: list[dict[str, Any]], ctx: SummaryContext) -> str:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     path = ctx.figures_dir / "correction_fix_clean.png"
-    tmp = path.with_name(".correction_fix_clean.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
     return str(path.relative_to(ctx.run_dir))
 
 
