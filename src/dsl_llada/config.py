@@ -26,6 +26,30 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def read_config_file(path: str | Path, what: str) -> dict[str, Any]:
+    """The mapping in a YAML or JSON preset file (by suffix); one clear error for a missing file, a parse error or
+    a document that is not a mapping. `what` names the config in messages (e.g. 'training', 'evaluation')."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} config {str(p)!r} does not exist")
+    text = p.read_text()
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p} is not valid JSON: {e}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of {what} config fields, got {type(data).__name__}")
+    return data
+
+
 def _choice(name: str, value: Any, allowed: tuple) -> None:
     _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
 

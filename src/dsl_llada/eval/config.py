@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigBase, ConfigError
+from ..config import ConfigBase, ConfigError, read_config_file
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
@@ -332,25 +332,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
 def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> EvalConfig:
     """An EvalConfig from a YAML/JSON preset plus dotted overrides. Relative data/model paths stay as written
     (they resolve against the working directory at run time)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"evaluation config {str(p)!r} does not exist")
-        text = p.read_text()
-        if p.suffix.lower() == ".json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p} is not valid JSON: {e}") from None
-        else:
-            import yaml
-
-            try:
-                data = yaml.safe_load(text) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{p} is not valid YAML: {e}") from None
-        _check(isinstance(data, dict), f"{p} must hold a mapping of EvalConfig fields, got {type(data).__name__}")
+    data: dict[str, Any] = {} if path is None else read_config_file(path, "evaluation")
     return EvalConfig.from_dict(apply_overrides(data, list(overrides)))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..config import ConfigBase, ConfigError, DSLConfig, _check  # one validation helper for every config
+from ..config import ConfigBase, ConfigError, DSLConfig, _check, read_config_file  # one validation helper for every config
 from .data_config import DataConfig
 from .objectives import OBJECTIVES, ObjectiveConfig
 
@@ -313,28 +313,9 @@ def load_train_config(path: str | Path | None = None, overrides: Sequence[str] =
 
     A full checkpoint config (`checkpoint-N/trainer_state/train_config.json`) loads too.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"training config {str(p)!r} does not exist")
-        text = p.read_text()
-        if p.suffix.lower() == ".json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p} is not valid JSON: {e}") from None
-        else:
-            import yaml
-
-            try:
-                data = yaml.safe_load(text) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{p} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(data).__name__}")
-        if "distributed_type" in data or "zero_optimization" in data:
-            raise ConfigError(f"{p} is an accelerate/DeepSpeed launcher config: pass it to `accelerate launch "
-                              f"--config_file {p}`, and a training preset (e.g. configs/paper-8b.yaml) to --config")
+    data: dict[str, Any] = {} if path is None else read_config_file(path, "training")
+    if "distributed_type" in data or "zero_optimization" in data:
+        raise ConfigError(f"{path} is an accelerate/DeepSpeed launcher config: pass it to `accelerate launch "
+                          f"--config_file {path}`, and a training preset (e.g. configs/paper-8b.yaml) to --config")
     data = apply_overrides(data, overrides)
     return TrainConfig.from_dict(_coerce(TrainConfig, data))
