@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from serve_helpers import library_text, save_tiny_toy_dsl, uvicorn_server
+from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.cli import main
 from dsl_llada.config import RemaskConfig, SDEConfig
@@ -96,7 +96,8 @@ def test_n_choices_use_consecutive_seeds_and_stop_strings_cut(tiny):
         body = c.post("/v1/chat/completions", json=chat(PROMPTS[0], n=3, max_tokens=12, nfe=4, eta=0.5, seed=20)).json()
         texts = [ch["message"]["content"] for ch in body["choices"]]
         assert texts == [library_text(model, tok, PROMPTS[0], "sde", cfg, 20 + j) for j in range(3)]
-        assert body["usage"]["completion_tokens"] == sum(len(tok(t)["input_ids"]) for t in texts)
+        assert body["usage"]["completion_tokens"] == sum(len(library_ids(model, tok, PROMPTS[0], "sde", cfg, 20 + j))
+                                                         for j in range(3))  # response ids, not a re-tokenisation
         words = texts[0].split()
         stop = words[len(words) // 2]
         cut = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=12, nfe=4, eta=0.5, seed=20,
@@ -107,16 +108,20 @@ def test_n_choices_use_consecutive_seeds_and_stop_strings_cut(tiny):
 @pytest.mark.parametrize("pad_batches", [False, True])
 def test_concurrent_requests_are_batched_and_equal_alone(tiny, pad_batches):
     """Default: equal-length prompts batch (no padding). pad_batches: prompts of different lengths batch too (left
-    padding). Each row has its own generator, so (for these seeds) every request gets the tokens it gets alone."""
+    padding). Each row has its own generator, so every request gets the tokens it gets alone. The test runs 'Algorithm
+    2 as printed' (predictor_noise=False): with the default predictor noise the first Heun step 0.01 -> 7 is almost
+    noiseless, and on this random tiny model it amplifies the ~1e-6 rounding differences between batch shapes into
+    other tokens (a trained model is not that chaotic; see docs/serving.md)."""
     model, tok = tiny
     app = create_app(model, tok, model_name="tiny", max_batch=3, max_wait_ms=5000, pad_batches=pad_batches)
     prompts = PROMPTS if pad_batches else [PROMPTS[1]] * 3
     nfe = 4 if pad_batches else 16
-    cfg = SDEConfig(nfe=nfe, gen_length=10, eta=0.5)
+    cfg = SDEConfig(nfe=nfe, gen_length=10, eta=0.5, predictor_noise=False)
     with uvicorn_server(app) as (base, _), ThreadPoolExecutor(3) as pool:
         def ask(i):
             return httpx.post(f"{base}/v1/chat/completions", timeout=60,
-                              json=chat(prompts[i], max_tokens=10, nfe=nfe, eta=0.5, seed=10 + i)).json()
+                              json=chat(prompts[i], max_tokens=10, nfe=nfe, eta=0.5, seed=10 + i,
+                                        predictor_noise=False)).json()
         bodies = list(pool.map(ask, range(3)))
     assert [b["dsl_llada"]["batch_sizes"] for b in bodies] == [[3], [3], [3]]
     texts = [b["choices"][0]["message"]["content"] for b in bodies]

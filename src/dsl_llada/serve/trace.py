@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backbones.base import position_index
 from ..config import RemaskConfig, SDEConfig
 from ..model import DSLModel
 from ..sampling import PromptBatch, StepInfo
@@ -53,23 +54,29 @@ def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDECo
     backbone = model.backbone if isinstance(model, DSLModel) else model
     special = model.special
     trace = Trace(sampler=name)
-    outs: list[torch.Tensor] = []
+    outs: list[tuple[torch.Tensor, torch.Tensor]] = []
     L = config.gen_length
     sde = name in ("sde", "block-sde")
+    last_conf = [0.0] * L  # a position the step did not compute logits for keeps its last confidence
 
-    def hook(_module, _inputs, output):
-        outs.append(output.detach()[:, -L:])
+    def hook(_module, args, kwargs, output):
+        # samplers ask for the logits of the positions they read only (`positions=`): map the rows back
+        total = args[0].shape[1]
+        idx = position_index(kwargs.get("positions"), total) - (total - L)
+        keep = idx >= 0
+        outs.append((idx[keep].cpu(), output.detach()[:, keep.to(output.device)]))
 
     def record(ids: torch.Tensor, step: int, total: int, label: str) -> None:
-        logits = (outs[-1] if sde else outs[0]) if outs else None  # SDE: the corrector's pass; discrete: conditional
+        got = (outs[-1] if sde else outs[0]) if outs else None  # SDE: the corrector's pass; discrete: conditional
         outs.clear()
         ids = ids.to("cpu")
         masked = (ids == special.mask).tolist()
-        if logits is not None:
+        if got is not None:
+            pos, logits = got
             probs = torch.softmax(logits[0].float(), dim=-1).cpu()
-            conf = probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1).tolist()
-        else:
-            conf = [0.0] * len(masked)
+            for j, p in zip(pos.tolist(), probs.gather(-1, ids[pos].unsqueeze(-1)).squeeze(-1).tolist()):
+                last_conf[j] = p
+        conf = list(last_conf)
         trace.steps.append(TraceStep(step=step, total_steps=total, label=label,
                                      tokens=_token_strings(tokenizer, ids.tolist()), confidence=conf, masked=masked))
         if on_step is not None:
@@ -80,7 +87,7 @@ def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDECo
         record(info.tokens[0], info.step + 1, info.total_steps, label)
 
     batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=next(model.parameters()).device)
-    handle = backbone.register_forward_hook(hook)
+    handle = backbone.register_forward_hook(hook, with_kwargs=True)
     t0 = time.perf_counter()
     try:
         with torch.no_grad():

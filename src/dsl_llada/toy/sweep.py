@@ -230,7 +230,7 @@ class _FixedMethod:
     cfg: SDEConfig
 
     def choice(self, nfe: int, gen_length: int) -> SamplerChoice:
-        return SamplerChoice("sde", self.cfg)
+        return SamplerChoice(self.cfg)
 
 
 def _row(s: SweepSetting, nfe: int, cfg: SDEConfig, result: dict[str, Any], model_id: str, sweep: SweepConfig,
