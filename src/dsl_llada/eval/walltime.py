@@ -129,15 +129,19 @@ def plot_walltime(summary: dict[str, dict[str, Any]], path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     families: dict[str, list[tuple[int, float]]] = {}
+    n_ar = 0
     for name, s in summary.items():
         if s.get("nfe") is None:
-            ax.axhline(s["median_s"], linestyle="--", linewidth=1, label=f"{name} (AR)")
+            ax.axhline(s["median_s"], linestyle=("--", ":", "-.")[n_ar % 3], color=f"C{7 + n_ar % 3}", linewidth=1.2,
+                       label=f"{name}")
+            n_ar += 1
         else:
             families.setdefault(s.get("family", name), []).append((s["nfe"], s["median_s"]))
     for fam, pts in families.items():
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fam)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # AR baselines and few-step samplers differ by orders of magnitude
     ax.set_xlabel("NFE")
     ax.set_ylabel("seconds per sample (median)")
     ax.grid(alpha=0.3)

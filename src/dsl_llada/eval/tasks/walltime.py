@@ -96,6 +96,6 @@ class WalltimeTask(SamplingTask):
             ctx.figures_dir.mkdir(parents=True, exist_ok=True)
             path = ctx.figures_dir / f"walltime_{ds}.png"
             plot_walltime(rows, path)
-            out.figures.append(str(path))
+            out.figures.append(str(path.relative_to(ctx.run_dir)))
         out.markdown = "\n".join(lines)
         return out
