@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import ConfigBase, ConfigError, read_config_file
+from ..train.config import parse_override_value
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
@@ -282,20 +283,6 @@ def _spec(kind: type, data: dict[str, Any], where: str):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        pass
-    import yaml
-
-    try:
-        v = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return text if isinstance(v, (dict, list)) and not text.strip().startswith(("{", "[")) else v
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Dotted `key=value` overrides; a list element is addressed by its index or by its `name`
     (e.g. `batch_size=4`, `nfe=[8,16]`, `tasks.summarization.datasets.xsum.limit=10`, `methods.0.options.eta=0`)."""
@@ -314,12 +301,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
                     idx = int(p)
                 _check(idx is not None, f"override {item!r}: no list element named or numbered {p!r}")
                 if last:
-                    node[idx] = _parse_value(raw.strip())
+                    node[idx] = parse_override_value(raw.strip())
                 else:
                     node = node[idx]
             elif isinstance(node, dict):
                 if last:
-                    node[p] = _parse_value(raw.strip())
+                    node[p] = parse_override_value(raw.strip())
                 else:
                     if node.get(p) is None:
                         node[p] = {}
