@@ -204,8 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="dsl-llada-demo", help="report folder (default ./dsl-llada-demo)")
     d.add_argument("--controls", action="store_true", help="also train the MDM-CPT and XDLM controls")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
+    what = d.add_mutually_exclusive_group()
+    what.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
                    "(trained or cached) instead of the demo's comparison; writes OUT/sweep/")
+    what.add_argument("--cache-frontier", action="store_true",
+                   help="measure approximate KV caching (prefix/dual, refresh R in 1, 2, 4, never) for Block SDE and "
+                        "block remasking on the demo's checkpoints: exact PPL, in-support %%, ROUGE-L and token "
+                        "agreement vs seconds per sample; writes OUT/cache_frontier/")
     d.add_argument("--sweep-prompts", type=int, default=None, metavar="N",
                    help="sweep: N open-ended + N/2 summarisation prompts (default 96; 8 with --quick)")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

@@ -157,6 +157,18 @@ class DSLConfig(ConfigBase):
                f"backbone_type={self.backbone_type!r} must be a backbone family name (e.g. 'llada', 'dream') or None")
 
 
+CacheMode = Literal["off", "prefix", "dual"]
+CACHE_MODES: tuple[str, ...] = ("off", "prefix", "dual")
+
+
+def check_cache_options(mode: str, refresh: object) -> None:
+    """ConfigError unless `mode` is a cache mode and `refresh` an int >= 0 (the samplers' configs share it)."""
+    _choice("kv_cache", mode, CACHE_MODES)
+    _check(not isinstance(refresh, bool) and isinstance(refresh, int) and refresh >= 0,
+           f"cache_refresh={refresh!r} must be an int >= 0 (0 = a full forward only at each block's start, "
+           f"R = one every R model calls of a block)")
+
+
 @dataclass(frozen=True)
 class SDEConfig(ConfigBase):
     """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference') run
@@ -194,6 +206,13 @@ class SDEConfig(ConfigBase):
     converter's softmax mass, renormalised, and gather those columns of W instead of the dense product
     (approximate; see docs/benchmarks.md for its deviation). 0 = the exact dense converter (what training uses)."""
 
+    kv_cache: CacheMode = "off"
+    """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
+    recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
+    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks.md."""
+    cache_refresh: int = 0
+    """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
+    block's first call."""
     compile: bool = False
     """Run the denoiser's backbone forward through `torch.compile` (compiled on the first call and per new shape;
     worth it on a GPU for long runs, not on a small CPU job). Off by default; tokens are those of the eager model up
@@ -201,6 +220,9 @@ class SDEConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        check_cache_options(self.kv_cache, self.cache_refresh)
+        _check(self.kv_cache == "off" or not self.compile,
+               f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
         _check(0.0 <= self.converter_tolerance < 1.0,
                f"converter_tolerance={self.converter_tolerance!r} must be in [0, 1) (0 = exact dense converter)")
         _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
@@ -279,9 +301,20 @@ class RemaskConfig(ConfigBase):
     'argmax' = probability of the sampler's current proposal there (authors' code; the argmax at temperature 0)."""
     truncate_at_eos: bool = True
     """Cut the response at the first EOS/EoT."""
+    kv_cache: CacheMode = "off"
+    """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
+    recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
+    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks.md."""
+    cache_refresh: int = 0
+    """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
+    block's first call."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps={self.steps!r} must be >= 1")
+        check_cache_options(self.kv_cache, self.cache_refresh)
+        _check(self.kv_cache == "off" or self.cfg_scale == 0,
+               f"kv_cache={self.kv_cache!r} with cfg_scale={self.cfg_scale!r} is not supported (the unconditional "
+               f"copy would need its own cache): use kv_cache='off' or cfg_scale=0")
         _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
         _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
         _choice("remasking", self.remasking, ("low_confidence", "random"))

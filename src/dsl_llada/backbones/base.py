@@ -23,7 +23,7 @@ from torch import nn
 from ..config import ConfigBase
 from ..errors import CheckpointError
 
-__all__ = ["Backbone", "CheckpointError", "Positions", "SpecialTokens", "padding_to_additive_mask"]
+__all__ = ["Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens", "padding_to_additive_mask"]
 
 Positions = Union[slice, torch.Tensor, None]
 """Which sequence positions' logits a forward returns: None = all; a `slice` (contiguous, the cheapest: a view);
@@ -76,6 +76,16 @@ def compiled(module: nn.Module) -> Callable[..., torch.Tensor]:
         object.__setattr__(module, "_compiled_call", fn)
     return fn
 
+
+
+@dataclass
+class KVCache:
+    """Every layer's attention keys and values of one sequence, (B, n_kv_heads, length, head_dim) each, with
+    RoPE applied (what `Backbone.forward_cached` builds and reuses)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,15 @@ class Backbone(nn.Module):
         selected by `positions` (all L when None). Every position still attends to the whole sequence; only the
         final norm and output head are restricted, so the selected rows equal those of the full computation."""
         raise NotImplementedError
+
+    supports_kv_cache: bool = False
+    """Whether `forward_cached` is implemented (approximate KV caching in the samplers)."""
+
+    def forward_cached(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                       positions: Positions = None, cache: "KVCache | None" = None,
+                       start: int = 0) -> tuple[torch.Tensor, "KVCache"]:
+        """Build (cache None) or reuse a key/value cache; see `LLaDABackbone.forward_cached`."""
+        raise NotImplementedError(f"the {self.family} backbone has no key/value cache")
 
     def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                         positions: Positions = None) -> torch.Tensor:

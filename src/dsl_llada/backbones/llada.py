@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import check_keys, read_json, read_tensors, checkpoint_files
-from .base import Backbone, CheckpointError, Positions, SpecialTokens, padding_to_additive_mask, select_positions
+from .base import (Backbone, CheckpointError, KVCache, Positions, SpecialTokens, padding_to_additive_mask,
+                   select_positions)
 
 
 @dataclass
@@ -138,14 +139,29 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, cfg.ffn_hidden, bias=bias)
         self.ff_out = nn.Linear(cfg.ffn_hidden, d, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None, *,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None, start: int = 0,
+                store: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+        """x: (B, n, d) rows [start, start + n) of the sequence; cos/sin cover the whole sequence.
+
+        kv: this layer's cached (K, V) of the whole sequence (RoPE applied, before GQA repetition); the rows computed
+        here replace theirs, every other position's keys/values are taken from it. store: a list the rows' fresh
+        (K, V) are appended to (building a cache)."""
         B, L, _ = x.shape
         h = self.attn_norm(x)
         q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        if start or cos.shape[2] != L:
+            cos, sin = cos[:, :, start:start + L], sin[:, :, start:start + L]
         q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
         k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
+        if store is not None:
+            store.append((k, v))
+        if kv is not None:
+            K, V = kv
+            k = torch.cat([K[:, :, :start], k, K[:, :, start + L:]], dim=2)
+            v = torch.cat([V[:, :, :start], v, V[:, :, start + L:]], dim=2)
         if self.n_kv != self.n_heads:
             rep = self.n_heads // self.n_kv
             k = k.repeat_interleave(rep, dim=1)
@@ -234,6 +250,39 @@ class LLaDABackbone(Backbone):
         if not self.cfg.weight_tying and t.ff_out.bias is not None:
             logits = logits + t.ff_out.bias
         return logits
+
+    supports_kv_cache = True
+
+    @torch.no_grad()
+    def forward_cached(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                       positions: Positions = None, cache: KVCache | None = None,
+                       start: int = 0) -> tuple[torch.Tensor, KVCache]:
+        """Inference forward that builds or reuses a key/value cache (approximate caching, `sampling/kv_cache.py`).
+
+        cache None: `inputs_embeds` is the whole sequence; returns its logits (at `positions`) and a cache of every
+        layer's keys/values. cache given: `inputs_embeds` holds only rows [start, start + n) of that sequence;
+        they attend to their own fresh keys/values and to the cached ones of every other position, and `positions`
+        index these rows (0 = row `start`). Returns (logits, the cache) -- the cache itself is not updated.
+        """
+        t = self.model.transformer
+        x = inputs_embeds
+        total = x.shape[1] if cache is None else cache.length
+        if cache is not None and not 0 <= start <= start + x.shape[1] <= total:
+            raise ValueError(f"rows [{start}, {start + x.shape[1]}) are outside the cached sequence of {total}")
+        cos, sin = self._rope(total, x.device)
+        bias = padding_to_additive_mask(attention_mask, torch.float32)
+        store: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if cache is None else None
+        for i, blk in enumerate(t.blocks):
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            x = blk(x, cos, sin, bias, kv=kv, start=start, store=store)
+        x = t.ln_f(select_positions(x, positions))
+        head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
+        logits = F.linear(x, head)
+        if not self.cfg.weight_tying and t.ff_out.bias is not None:
+            logits = logits + t.ff_out.bias
+        if store is not None:
+            cache = KVCache(keys=[k for k, _ in store], values=[v for _, v in store], length=total)
+        return logits, cache
 
     def output_embeddings(self) -> nn.Module:
         t = self.model.transformer

@@ -19,6 +19,7 @@ import torch
 from ..backbones.base import compiled
 from ..model import DSLModel
 from .common import ForwardCounter
+from .kv_cache import WindowKVCache
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,16 +47,21 @@ class Denoiser:
     Headroom": the converter's [MASK] slot for future blocks); None = nothing after the window."""
     tolerance: float = 0.0
     """Sparse converter at inference: drop slots whose probability mass is below this (0 = the exact dense map)."""
+    cache: WindowKVCache | None = None
+    """Approximate key/value caching around the window (`kv_cache.py`); None = every call is a full forward. When
+    set, `forward` counts calls through it."""
 
     @classmethod
     def for_model(cls, model: DSLModel, context: torch.Tensor, *, beta: float, top_m: int,
                   attention_mask: torch.Tensor | None = None, future: torch.Tensor | None = None,
-                  tolerance: float = 0.0, compile: bool = False) -> "Denoiser":
+                  tolerance: float = 0.0, compile: bool = False, kv_cache: str = "off",
+                  cache_refresh: int = 0) -> "Denoiser":
         """A denoiser with a fresh forward counter around `model.backbone` (its `torch.compile`d call when
-        `compile`) and E = `model.unit_noise()`."""
-        backbone = compiled(model.backbone) if compile else model.backbone
+        `compile`, an approximate key/value cache when `kv_cache` is not 'off') and E = `model.unit_noise()`."""
+        cache = None if kv_cache == "off" else WindowKVCache(model.backbone, kv_cache, cache_refresh)
+        backbone = cache if cache is not None else compiled(model.backbone) if compile else model.backbone
         return cls(model, context, model.unit_noise(), beta, top_m, attention_mask, ForwardCounter(backbone),
-                   future, tolerance)
+                   future, tolerance, cache)
 
     def with_context(self, context: torch.Tensor, future: torch.Tensor | None = None) -> "Denoiser":
         """The same denoiser (same E, β, counter) around another window (Block SDE: the next block)."""
@@ -72,6 +78,8 @@ class Denoiser:
         h = self.model.converter(gamma * y, self.noise_table, self.beta, tolerance=self.tolerance).to(self.context.dtype)
         parts = [self.context, h] if self.future is None else [self.context, h, self.future]
         start = self.context.shape[1]
+        if self.cache is not None and (self.cache.lo, self.cache.hi) != (start, start + y.shape[1]):
+            self.cache.start_window(start, start + y.shape[1])  # a new window (Block SDE: the next block)
         return self.forward(torch.cat(parts, dim=1), self.attention_mask, positions=slice(start, start + y.shape[1]))
 
     def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:

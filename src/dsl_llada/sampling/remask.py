@@ -29,6 +29,7 @@ from ..numerics import denormals_flushed_during
 from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
+from .kv_cache import WindowKVCache
 from .positions import block_logits
 from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
 
@@ -66,6 +67,14 @@ def _context_limit(model: DiscreteModel) -> int | None:
     return None
 
 
+def _window_cache(model: DiscreteModel, config: RemaskConfig) -> WindowKVCache | None:
+    """The approximate key/value cache of `config.kv_cache` around the model's backbone (None when 'off')."""
+    if config.kv_cache == "off":
+        return None
+    backbone = getattr(model, "backbone", model)
+    return WindowKVCache(backbone, config.kv_cache, config.cache_refresh, embed=getattr(backbone, "embed", None))
+
+
 @torch.no_grad()
 @denormals_flushed_during
 def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig | None = None, *,
@@ -90,7 +99,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)
     attn = prompts.full_attention_mask(L)
     prompt_real = prompts.attention_mask.to(torch.bool)
-    forward = ForwardCounter(with_positions(model.logits_from_ids))
+    cache = _window_cache(model, config)
+    forward = ForwardCounter(cache if cache is not None else with_positions(model.logits_from_ids))
 
     blk = config.effective_block_length
     n_blocks = L // blk
@@ -104,6 +114,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
         lo, hi = P + k_blk * blk, P + (k_blk + 1) * blk
         if i == 0:
             schedule = block_schedule(x[:, lo:hi] == mask_id, S_b)
+            if cache is not None:
+                cache.start_window(lo, hi)
 
         # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
         # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).

@@ -71,7 +71,8 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
     denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=inference_beta(model, config),
                                   top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length),
-                                  tolerance=config.converter_tolerance, compile=config.compile)
+                                  tolerance=config.converter_tolerance, compile=config.compile,
+                                  kv_cache=config.kv_cache, cache_refresh=config.cache_refresh)
     return prompts, RowRNG(generator, prompts.batch_size), grid, denoiser
 
 

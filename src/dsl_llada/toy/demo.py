@@ -30,6 +30,7 @@ from ..eval.report import markdown_table, pivot, plot_nfe_curves
 from ..model import DSLModel
 from ..utils import atomic_write_text
 from .evaluate import CONTROL_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, score_record
+from .cache_frontier import FrontierConfig, run_frontier, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
@@ -284,6 +285,22 @@ class Demo:
                                                            "world": self.world.config.to_dict()}, indent=2) + "\n")
         return rows
 
+    def cache_frontier(self, fc: FrontierConfig) -> list[dict[str, Any]]:
+        """Approximate KV caching's quality/speed frontier on this demo's checkpoints (cached stages reused);
+        OUT/cache_frontier/."""
+        train, evals = self.corpora(fc.n_open, fc.n_summarize)
+        base = self.pretrained(train).eval()
+        self.echo("[2/3] DSL model")
+        dsl = self.adapted(base, train, "dsl").eval()
+        self.echo("[3/3] cache frontier")
+        out = self.out / "cache_frontier"
+        rows = run_frontier({"base": base, "dsl": dsl}, self.world, self.tok, evals, out, fc,
+                            gen_length=self.gen_length, progress=self.progress, echo=self.echo)
+        write_frontier(rows, fc, reference_rows(self.world, evals), out)
+        atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "frontier": fc.to_dict(),
+                                                           "world": self.world.config.to_dict()}, indent=2) + "\n")
+        return rows
+
     def write(self, records, rows, fixclean, models) -> None:
         out = self.out
         out.mkdir(parents=True, exist_ok=True)
@@ -349,6 +366,12 @@ def run_demo_cli(args) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)
+    if args.cache_frontier:
+        t0 = time.perf_counter()
+        demo.cache_frontier(FrontierConfig.preset(quick=args.quick, seed=args.seed))
+        print(f"cache frontier: {Path(args.out) / 'cache_frontier' / 'frontier.md'}  (plot: frontier.png, timed runs: "
+              f"runs.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
+        return 0
     if sweep is not None:
         t0 = time.perf_counter()
         demo.sweep(sweep)

@@ -1,0 +1,231 @@
+"""Approximate key/value caching (issue 13, item 5): the backbone's cached forward, the window cache's refresh
+rule, the samplers' cache options (R = 1 is exact) and the toy world's cache frontier."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsl_llada.config import ConfigError, RemaskConfig, SDEConfig
+from dsl_llada.sampling import PromptBatch, sample_sde
+from dsl_llada.sampling.kv_cache import WindowKVCache
+from dsl_llada.sampling.remask import sample_remask
+from helpers import EOS, gen, perturb_converter, tiny_backbone, tiny_dsl
+
+
+def _inputs(B: int = 2, L: int = 12, H: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(B, L, H, generator=gen(seed))
+
+
+def _padding() -> torch.Tensor:
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0
+    return mask
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_rows_equal_the_full_forward_when_nothing_changed(kv_heads, padded):
+    bb = tiny_backbone(n_kv_heads=kv_heads)
+    x, am = _inputs(), _padding() if padded else None
+    with torch.no_grad():
+        full = bb(x, am)
+        logits, cache = bb.forward_cached(x, am, positions=slice(4, 8))
+        assert cache.length == 12 and len(cache.keys) == 2
+        assert cache.keys[0].shape == (2, kv_heads or 4, 12, 8)
+        assert float((logits - full[:, 4:8]).abs().max()) < 1e-5
+        for rows in ((4, 8), (4, 12), (0, 12)):  # dual window, prefix (window + suffix), everything
+            lo, hi = rows
+            sub, _ = bb.forward_cached(x[:, lo:hi], am, positions=slice(0, 4), cache=cache, start=lo)
+            assert float((sub - full[:, lo:lo + 4]).abs().max()) < 1e-5
+
+
+def test_one_layer_cache_is_exact_after_the_window_changes():
+    """In layer 1 a position's keys/values depend only on its own input, so with one layer the stale cache is
+    exact; with two layers the context's second-layer keys/values saw the old window and the logits differ."""
+    x = _inputs()
+    x2 = x.clone()
+    x2[:, 4:8] = torch.randn(2, 4, 32, generator=gen(9))
+    for n_layers, exact in ((1, True), (2, False)):
+        bb = tiny_backbone(n_layers=n_layers)
+        with torch.no_grad():
+            _, cache = bb.forward_cached(x)
+            cached, _ = bb.forward_cached(x2[:, 4:8], cache=cache, start=4, positions=slice(0, 4))
+            truth = bb(x2)[:, 4:8]
+        err = float((cached - truth).abs().max())
+        assert (err < 1e-5) is exact, (n_layers, err)
+
+
+def test_cached_forward_rejects_rows_outside_the_cached_sequence():
+    bb = tiny_backbone()
+    with torch.no_grad():
+        _, cache = bb.forward_cached(_inputs())
+        with pytest.raises(ValueError, match=r"rows \[10, 14\) are outside the cached sequence of 12"):
+            bb.forward_cached(_inputs()[:, :4], cache=cache, start=10)
+
+
+def test_window_cache_refreshes_every_r_calls_and_at_each_window():
+    bb = tiny_backbone()
+    x = _inputs()
+    for refresh, full_calls in ((1, 6), (2, 4), (4, 2), (0, 2)):  # 2 windows x 3 calls each
+        fwd = WindowKVCache(bb, "dual", refresh)
+        for lo in (4, 8):
+            fwd.start_window(lo, lo + 4)
+            for _ in range(3):
+                out = fwd(x, None, positions=slice(lo, lo + 4))
+                assert out.shape == (2, 4, 64)
+        assert (fwd.full_forwards, fwd.window_forwards) == (full_calls, 6 - full_calls), refresh
+
+
+def test_window_cache_positions_and_backbone_errors():
+    bb = tiny_backbone()
+    fwd = WindowKVCache(bb, "dual", 0)
+    fwd.start_window(4, 8)
+    fwd(_inputs(), positions=slice(4, 8))
+    with pytest.raises(ValueError, match=r"outside the recomputed rows \[4, 8\)"):
+        fwd(_inputs(), positions=slice(4, 9))
+    with pytest.raises(ValueError, match=r"positions \[2, 5\] are outside the recomputed rows \[4, 8\)"):
+        fwd(_inputs(), positions=torch.tensor([2, 5]))
+    prefix = WindowKVCache(bb, "prefix", 0)
+    prefix.start_window(4, 8)
+    prefix(_inputs(), positions=slice(4, 8))
+    assert prefix(_inputs(), positions=torch.tensor([5, 11])).shape == (2, 2, 64)  # the suffix is recomputed too
+
+    class NoCache(torch.nn.Module):
+        family = "generic-hf"
+
+    with pytest.raises(ConfigError, match="kv_cache='dual' needs a backbone with a key/value cache.*'generic-hf'"):
+        WindowKVCache(NoCache(), "dual", 0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("kv_cache", "full", r"kv_cache='full' is not valid; expected one of \['off', 'prefix', 'dual'\]"),
+    ("cache_refresh", -1, "cache_refresh=-1 must be an int >= 0"),
+    ("cache_refresh", 1.5, "cache_refresh=1.5 must be an int >= 0"),
+])
+def test_cache_options_are_validated(field, value, message):
+    for cls in (SDEConfig, RemaskConfig):
+        with pytest.raises(ConfigError, match=message):
+            cls(**{field: value})
+    with pytest.raises(ConfigError, match="with cfg_scale=1.0 is not supported"):
+        RemaskConfig(kv_cache="dual", cfg_scale=1.0)
+    with pytest.raises(ConfigError, match="compile=True with kv_cache='prefix' is not supported"):
+        SDEConfig(kv_cache="prefix", compile=True)
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8]]
+CONFIGS = [SDEConfig(nfe=8, gen_length=16, block_length=4), SDEConfig(nfe=8, gen_length=16),
+           RemaskConfig(steps=16, gen_length=16, block_length=4, temperature=1.0),
+           RemaskConfig(steps=8, gen_length=16, remdm=True, temperature=1.0)]  # T > 0: the seed matters
+
+
+def _run(model, cfg, seed: int = 3):
+    batch = PromptBatch.from_lists(PROMPTS, pad_id=EOS)
+    fn = sample_sde if isinstance(cfg, SDEConfig) else sample_remask
+    return fn(model, batch, cfg, generator=gen(seed))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["block-sde", "sde", "block-remask", "remdm"])
+def test_refresh_every_call_is_the_exact_sampler(cfg):
+    model = perturb_converter(tiny_dsl())
+    exact = _run(model, cfg)
+    for mode in ("prefix", "dual"):
+        cached = _run(model, cfg.replace(kv_cache=mode, cache_refresh=1))
+        assert torch.equal(cached.ids, exact.ids), mode
+        assert cached.forward_passes == exact.forward_passes
+    other_seed = _run(model, cfg, seed=4)
+    assert not torch.equal(other_seed.ids, exact.ids)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=["block-sde", "sde", "block-remask"])
+def test_stale_caches_change_tokens_but_stay_seeded(cfg):
+    model = perturb_converter(tiny_dsl())
+    exact = _run(model, cfg)
+    stale = cfg.replace(kv_cache="dual", cache_refresh=0)
+    a, b = _run(model, stale), _run(model, stale)
+    assert torch.equal(a.ids, b.ids)  # deterministic for a seed
+    assert not torch.equal(a.ids, exact.ids)  # and really approximate on this 2-layer model
+    assert a.config["kv_cache"] == "dual" and a.config["cache_refresh"] == 0
+
+
+def test_remask_cache_on_a_bare_backbone_and_one_layer_exactness():
+    """Block remasking changes only the current block between a block's calls, so on a one-layer model even a
+    never-refreshed cache gives the exact tokens."""
+    bb = tiny_backbone(n_layers=1)
+    cfg = RemaskConfig(steps=16, gen_length=16, block_length=4)
+    assert torch.equal(_run(bb, cfg.replace(kv_cache="prefix", cache_refresh=0)).ids, _run(bb, cfg).ids)
+
+
+# -- the toy world's cache frontier (`dsl-llada demo --cache-frontier`) ---------------------------------------------
+
+def _micro_demo(out):
+    from dsl_llada.toy.demo import Demo, DemoConfig
+    from dsl_llada.toy.demo_train import TrainStage
+
+    cfg = DemoConfig(d_model=32, n_layers=2, n_heads=2, noise_dim=8, n_train=64, batch_size=8,
+                     pretrain=TrainStage(objective="mdm", steps=4, lr=1e-3, warmup=1, batch_size=8),
+                     cpt=TrainStage(objective="dsl", steps=4, lr=1e-3, warmup=1, batch_size=8))
+    return Demo(cfg, out, progress=False, echo=lambda s: None)
+
+
+def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
+    import json
+
+    from dsl_llada.toy import cache_frontier
+    from dsl_llada.toy.cache_frontier import FrontierConfig, variants
+
+    fc = FrontierConfig(sde_nfe=2, remask_steps=8, n_open=3, n_summarize=1, rounds=2, batch_size=4)
+    rows = _micro_demo(tmp_path).cache_frontier(fc)
+    assert len(variants(fc)) == 14 and len(rows) == 14
+    labels = [(r["sampler"], r["label"]) for r in rows]
+    assert labels[:4] == [("Block SDE", "R=1 (exact)"), ("Block SDE", "dual, R=2"), ("Block SDE", "dual, R=4"),
+                          ("Block SDE", "dual, R=never")]
+    assert labels[7] == ("Block remasking", "R=1 (exact)")
+    for r in rows:
+        assert r["n"] == 4 and r["rounds"] == 2
+        assert r["seconds_min"] <= r["seconds_per_sample"] <= r["seconds_max"]
+        assert r["open"]["n"] == 3 and r["summarize"]["n"] == 1
+        if r["mode"] == "off":
+            assert r["same_tokens"] == 100.0 and r["speedup"] == 1.0
+        else:
+            assert 0.0 <= r["same_tokens"] <= 100.0
+    out = tmp_path / "cache_frontier"
+    runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 28 and sorted({r["round"] for r in runs}) == [0, 1]
+    assert sum("open" in r for r in runs) == 14  # quality scored once per variant
+    table = (out / "frontier.md").read_text()
+    assert table.count("\n| ") == 1 + 14 + 1  # header, the variants, the world's own samples
+    assert "| Block remasking | prefix, R=never |" in table and "| World (true samples) |" in table
+    assert (out / "frontier.png").stat().st_size > 10_000
+    assert json.loads((out / "config.json").read_text())["frontier"] == fc.to_dict()
+
+    def no_sampling(*a, **k):
+        raise AssertionError("a finished frontier must not sample again")
+
+    monkeypatch.setattr(cache_frontier, "sample_in_batches", no_sampling)
+    again = _micro_demo(tmp_path).cache_frontier(fc)
+    assert [r["seconds_per_sample"] for r in again] == [r["seconds_per_sample"] for r in rows]
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"refreshes": (1,)}, r"refreshes=\[1\]: each must be an int 0 \(never\) or >= 2"),
+    ({"modes": ("off",)}, r"modes=\['off'\]: choose from \['dual', 'prefix'\]"),
+    ({"sde_nfe": 3}, "sde_nfe=3 must be an even int >= 2"),
+    ({"remask_steps": 30}, "remask_steps=30 must be a multiple of blocks=4"),
+])
+def test_frontier_config_errors(kw, message):
+    from dsl_llada.toy.cache_frontier import FrontierConfig
+
+    with pytest.raises(ConfigError, match=message):
+        FrontierConfig(**kw)
+
+
+def test_demo_cache_frontier_flag_excludes_the_sweep(capsys):
+    from dsl_llada.cli import build_parser, main
+
+    args = build_parser().parse_args(["demo", "--cache-frontier", "--quick"])
+    assert args.cache_frontier and args.quick and not args.sweep
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--cache-frontier", "--sweep"])
+    assert e.value.code == 2
+    assert "argument --sweep: not allowed with argument --cache-frontier" in capsys.readouterr().err
