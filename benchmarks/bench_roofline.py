@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section
 
 from dsl_llada.config import RemaskConfig, SDEConfig
+from dsl_llada.converter import top_m_values
 from dsl_llada.numerics import flush_denormals
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.sde import inference_beta, sample_sde
@@ -83,7 +84,8 @@ def main() -> None:
     with flush_denormals():
         peak = matmul_peak(a.reps)
         times: dict[str, list[float]] = {k: [] for k in ("slot", "softmax", "values", "converter", "sparse_values",
-                                                          "posterior_topk", "posterior_bag", "posterior", "call")}
+                                                          "posterior_topk", "posterior_topm", "posterior_bag", "posterior",
+                                                          "call")}
         sparse_rows = []
         for gamma in grid:
             z = gamma * E[ids[0, P:]] + gamma ** 0.5 * torch.randn(L, d, generator=torch.Generator().manual_seed(4))
@@ -105,6 +107,7 @@ def main() -> None:
             vals, idx = flat.topk(M, -1)
             p = torch.softmax(vals, -1)
             times["posterior_topk"].append(median_time(lambda: flat.topk(M, -1), a.reps))
+            times["posterior_topm"].append(median_time(lambda: top_m_values(flat, M), a.reps))
             times["posterior_bag"].append(median_time(
                 lambda: F.embedding_bag(idx, E, mode="sum", per_sample_weights=p), a.reps))
             times["posterior"].append(median_time(lambda: model.posterior_mean(logits, M, E), a.reps))
@@ -161,7 +164,8 @@ def write_markdown(r: dict, command: str) -> None:
            row("backbone blocks (256 positions)", fl["blocks"], r["t_blocks"]),
            row("output head + final norm (128 response rows)", fl["head"], r["t_head"]),
            row("(head over all 256 rows, as the authors)", fl["head_all"], r["t_head_all"], "not run by the samplers"),
-           row("posterior mean: top-512 (torch.topk)", None, t["posterior_topk"], "selection, no FLOPs"),
+           row("posterior mean: top-512 (torch.topk, before)", None, t["posterior_topk"], "selection, no FLOPs"),
+           row("posterior mean: top-512 (top_m_values)", None, t["posterior_topm"], "same tokens, sampled threshold"),
            row("posterior mean: embedding_bag", fl["posterior_bag"], t["posterior_bag"]),
            row("posterior mean, whole", fl["posterior_bag"], t["posterior"]),
            row("**whole SDE call**", r["needed_sde_flops"], t["call"],

@@ -250,3 +250,68 @@ def test_bf16_backbone_with_fp32_converter_softmax(tol):
     assert out.ids.shape == (2, 6) and out.forward_passes == 5
     assert ((out.ids >= 0) & (out.ids < model.vocab_size) & (out.ids != model.special.mask)).all()
     assert slot_dtypes and set(slot_dtypes) == {torch.float32}
+
+
+def _rows(seed: int, rows: int, n: int, scale: float) -> torch.Tensor:
+    return torch.randn(rows, n, generator=gen(seed)) * scale
+
+
+@pytest.mark.parametrize("case", ["gaussian", "wide", "ties", "half -inf", "one row", "sorted ids"])
+def test_top_m_values_selects_exactly_the_topk(case):
+    from dsl_llada.converter import top_m_values
+
+    m = 64
+    x = {"gaussian": _rows(1, 32, 8192, 1.0), "wide": _rows(2, 7, 20000, 30.0),
+         "ties": _rows(3, 16, 8192, 4.0).round(),  # many exact ties
+         "half -inf": _rows(4, 16, 8192, 1.0).index_fill(1, torch.arange(0, 8192, 2), float("-inf")),
+         "one row": _rows(5, 1, 4096, 2.0),
+         # values increasing with the token id: the strided sample sees only every 8th of the top block
+         "sorted ids": torch.arange(8192.0).repeat(4, 1) + _rows(6, 4, 8192, 0.01)}[case]
+    ref_v, ref_i = x.topk(m, dim=-1)
+    v, i = top_m_values(x, m)
+    assert torch.equal(v, ref_v)  # the same values in the same (descending) order
+    assert torch.equal(x.gather(1, i), v)  # indices point at them
+    assert all(len(set(r.tolist())) == m for r in i)  # m distinct tokens
+    if case != "ties":
+        assert torch.equal(i, ref_i)
+
+
+def test_top_m_values_falls_back_to_topk(monkeypatch):
+    """A NaN, short rows and flat rows take torch.topk itself (counted through a wrapper)."""
+    from dsl_llada import converter
+
+    calls = []
+    real = torch.Tensor.topk
+
+    def counting(self, k, *a, **kw):
+        calls.append((tuple(self.shape), k))
+        return real(self, k, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "topk", counting)
+    x = _rows(7, 4, 8192, 1.0)
+    x[2, 100] = float("nan")
+    v, i = converter.top_m_values(x, 64)
+    assert calls[-1] == ((4, 8192), 64)  # the whole rows: the NaN row leaves too few candidates
+    assert torch.equal(i[[0, 1, 3]], real(x, 64, dim=-1)[1][[0, 1, 3]])
+    calls.clear()
+    converter.top_m_values(_rows(8, 4, 512, 1.0), 64)  # rows shorter than 16 m: plain topk
+    assert calls == [((4, 512), 64)]
+    calls.clear()
+    converter.top_m_values(torch.zeros(3, 8192), 64)  # flat rows: every value is a candidate
+    assert calls[-1] == ((3, 8192), 64)
+
+
+def test_workspace_reuses_its_buffer_and_the_converter_output_is_unchanged():
+    from dsl_llada.numerics import Workspace
+
+    ws = Workspace()
+    a = ws.get("x", (4, 10), torch.float32, torch.device("cpu"))
+    assert ws.get("x", (4, 10), torch.float32, torch.device("cpu")).data_ptr() == a.data_ptr()
+    assert ws.get("x", (5, 10), torch.float32, torch.device("cpu")).shape == (5, 10)
+    assert ws.get("x", (5, 10), torch.float64, torch.device("cpu")).dtype == torch.float64
+    model = perturb_converter(tiny_dsl())
+    E = model.unit_noise()
+    with torch.no_grad():
+        for gamma in (0.01, 7.0, 74.0):
+            z = gamma * torch.randn(2, 7, 16, generator=gen(2))
+            assert torch.equal(model.converter(z, E, 2.0, workspace=ws), model.converter(z, E, 2.0))

@@ -12,12 +12,13 @@ window's rows only (`positions=`), so its final norm and output head skip the co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..backbones.base import compiled
 from ..model import DSLModel
+from ..numerics import Workspace
 from .common import ForwardCounter
 from .kv_cache import WindowKVCache
 
@@ -50,6 +51,9 @@ class Denoiser:
     cache: WindowKVCache | None = None
     """Approximate key/value caching around the window (`kv_cache.py`); None = every call is a full forward. When
     set, `forward` counts calls through it."""
+    workspace: Workspace = field(default_factory=Workspace)
+    """Scratch buffers reused by every call of this denoiser and its `with_context` copies (the converter's
+    (W, V+1) slot logits: no fresh allocation, so no page faults, per call)."""
 
     @classmethod
     def for_model(cls, model: DSLModel, context: torch.Tensor, *, beta: float, top_m: int,
@@ -75,7 +79,8 @@ class Denoiser:
     def logits(self, y: torch.Tensor, gamma: float) -> torch.Tensor:
         """(B, W, V) backbone logits at the window positions for states y at SNR gamma (one forward pass; the
         backbone applies its final norm and output head to the window rows only)."""
-        h = self.model.converter(gamma * y, self.noise_table, self.beta, tolerance=self.tolerance).to(self.context.dtype)
+        h = self.model.converter(gamma * y, self.noise_table, self.beta, tolerance=self.tolerance,
+                                 workspace=self.workspace).to(self.context.dtype)
         parts = [self.context, h] if self.future is None else [self.context, h, self.future]
         start = self.context.shape[1]
         if self.cache is not None and (self.cache.lo, self.cache.hi) != (start, start + y.shape[1]):
