@@ -20,10 +20,11 @@ def toy_backbone_dir(tmp_path_factory):
 HELP_OPTIONS = {
     "generate": ["--model", "--prompt", "--prompts-file", "--seed", "--output", "--sampler", "--gen-length", "--nfe",
                  "--schedule", "--eta", "--top-m", "--beta-scale", "--beta-absolute", "--predictor-noise", "--steps",
-                 "--block-length", "--temperature", "--remasking", "--cfg-scale", "--eos-inf", "--no-truncate"],
+                 "--block-length", "--temperature", "--remasking", "--cfg-scale", "--eos-inf", "--no-truncate",
+                 "--kv-cache", "--cache-refresh"],
     "convert": ["--noise-dim", "--noise-init", "--beta-init", "--layout", "--context-embedding", "--frozen-noise-embed",
                 "--seed", "--dtype"],
-    "demo": ["--quick", "--out", "--controls", "--seed", "--quiet"],
+    "demo": ["--quick", "--out", "--controls", "--seed", "--quiet", "--sweep", "--cache-frontier"],
     "train": ["--config", "--print-config", "--quiet", "KEY=VALUE"],
 }
 
@@ -68,6 +69,13 @@ def test_convert_then_generate_sde_and_remask(toy_backbone_dir, tmp_path, capsys
         assert all(r["seed"] == 42 + r["index"] for r in recs)
         cfg = json.loads((tmp_path / f"{sampler}.jsonl.config.json").read_text())
         assert cfg["sampler"] == sampler
+    # approximate caching reaches the sampler from the command line and is recorded with the outputs
+    out = tmp_path / "cached.jsonl"
+    assert main(["generate", "--model", str(dsl_dir), "--sampler", "block-sde", "--nfe", "2", "--block-length", "4",
+                 "--gen-length", "8", "--kv-cache", "dual", "--cache-refresh", "2", "--output", str(out), "-q",
+                 "--prompt", prompts[0]]) == 0
+    cfg = json.loads((tmp_path / "cached.jsonl.config.json").read_text())
+    assert json.dumps(cfg).count('"kv_cache": "dual"') == 1 and '"cache_refresh": 2' in json.dumps(cfg)
     # batch size does not change results: prompt i always uses seed + i
     a = tmp_path / "b1.jsonl"
     b = tmp_path / "b2.jsonl"
@@ -93,6 +101,13 @@ def test_generate_errors(toy_backbone_dir, capsys):
     # prompt longer than the context
     assert main([*base, "--sampler", "remask", "--steps", "4", "--gen-length", "400"]) == 2
     assert "exceeds the model's context" in capsys.readouterr().err
+    # a cache option that is not valid, and one that this sampler cannot combine
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--sampler", "remask", "--steps", "4", "--kv-cache", "full"])
+    assert e.value.code == 2
+    assert "argument --kv-cache: invalid choice: 'full'" in capsys.readouterr().err
+    assert main([*base, "--sampler", "remask", "--steps", "4", "--kv-cache", "dual", "--cfg-scale", "1"]) == 2
+    assert "kv_cache='dual' with cfg_scale=1.0 is not supported" in capsys.readouterr().err
     # no prompts
     assert main(["generate", "--model", str(toy_backbone_dir), "-q"]) == 2
     assert "no prompts" in capsys.readouterr().err
