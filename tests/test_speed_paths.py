@@ -244,7 +244,7 @@ def test_bf16_backbone_with_fp32_converter_softmax(tol):
     model.converter.backbone_embedding.to(torch.bfloat16)
     slot_dtypes = []
     orig = model.converter.slot_logits
-    model.converter.slot_logits = lambda *a: (lambda out: slot_dtypes.append(out.dtype) or out)(orig(*a))
+    model.converter.slot_logits = lambda *a, **kw: (lambda out: slot_dtypes.append(out.dtype) or out)(orig(*a, **kw))
     pb = PromptBatch.from_lists([[1, 2, 3], [4, 5]], model.special.pad_id)
     out = sample_sde(model, pb, SDEConfig(nfe=4, gen_length=6, top_m=8, converter_tolerance=tol), generator=gen(0))
     assert out.ids.shape == (2, 6) and out.forward_passes == 5

@@ -1,0 +1,85 @@
+"""The sparse converter on the demo: do the toy world's SDE samples change when `converter_tolerance` is on?
+
+Loads the default demo's cached checkpoints from OUT/cache (run `dsl-llada demo --out OUT` first; nothing is
+trained here: a missing checkpoint is an error), samples the demo's three SDE rows (DSL-SDE, Alg. 2 as printed,
+eta = 0) at every demo NFE over the 72 held-out prompts with the exact dense converter and with the sparse one, and
+reports the share of changed tokens, the exact perplexity of both, and the sampling time of both.
+
+Usage:  python benchmarks/bench_sparse_demo.py --demo-dir OUT [--tolerance 1e-6] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import machine_line, write_section
+
+from dsl_llada.generation import sample_in_batches
+from dsl_llada.toy.demo import Demo, DemoConfig
+from dsl_llada.toy.evaluate import PAPER_METHODS, aggregate, score_record
+from dsl_llada.toy.tasks import render_prompt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--demo-dir", required=True, help="the --out folder of a finished default `dsl-llada demo`")
+    ap.add_argument("--tolerance", type=float, default=1e-6)
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    cfg = DemoConfig.preset(quick=False)
+    demo = Demo(cfg, Path(a.demo_dir), progress=False, echo=lambda s: None)
+    train, evals = demo.corpora()
+    for stage in ("pretrained-mdm", "cpt-dsl"):
+        if not any((demo.cache).glob(f"{stage}-*")):
+            raise SystemExit(f"error: no cached {stage} checkpoint under {demo.cache}; run `dsl-llada demo --out "
+                             f"{a.demo_dir}` first")
+    base = demo.pretrained(train).eval()
+    dsl = demo.adapted(base, train, "dsl").eval()
+    prompt_ids = [demo.tok.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in evals]
+    rows = []
+    for method in [m for m in PAPER_METHODS if m.sampler == "sde"]:
+        for nfe in cfg.nfes:
+            exact_cfg = method.choice(nfe, demo.gen_length).config
+            res = {}
+            for tol in (0.0, a.tolerance):
+                sc = exact_cfg.replace(converter_tolerance=tol)
+                t = time.perf_counter()
+                ids = []
+                for _, out in sample_in_batches(dsl, prompt_ids, sc, batch_size=cfg.batch_size,
+                                                seed_of=lambda i: cfg.seed * 100_003 + i):
+                    ids += out.ids.tolist()
+                secs = time.perf_counter() - t
+                recs = [score_record(demo.world, evals[i], demo.tok.decode(x, skip_special_tokens=False),
+                                     method=method.name, nfe=nfe, seed=None, index=i, forward_passes=0)
+                        for i, x in enumerate(ids)]
+                ppl = next(r["ppl"] for r in aggregate(recs) if r["task"] == "open")
+                res[tol] = (ids, secs, ppl)
+            (e_ids, e_s, e_ppl), (s_ids, s_s, s_ppl) = res[0.0], res[a.tolerance]
+            changed = sum(x != y for a_, b_ in zip(e_ids, s_ids) for x, y in zip(a_, b_))
+            total = sum(len(x) for x in e_ids)
+            rows.append({"method": method.name, "nfe": nfe, "changed_tokens": changed, "tokens": total,
+                         "changed_samples": sum(a_ != b_ for a_, b_ in zip(e_ids, s_ids)), "samples": len(e_ids),
+                         "ppl_exact": e_ppl, "ppl_sparse": s_ppl, "s_exact": e_s, "s_sparse": s_s})
+            print(json.dumps(rows[-1]), flush=True)
+    if a.write:
+        lines = [f"Command: `python benchmarks/bench_sparse_demo.py --demo-dir OUT --tolerance {a.tolerance:g} --write` "
+                 f"(OUT = a finished default demo; {machine_line()}).", "",
+                 f"The demo's SDE rows on its 72 held-out prompts (batch {cfg.batch_size}) with the exact dense converter and "
+                 f"with the sparse converter at tolerance {a.tolerance:g}:", "",
+                 "| method | NFE | samples changed | tokens changed | open PPL exact → sparse | s exact / sparse |",
+                 "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['method']} | {r['nfe']} | {r['changed_samples']}/{r['samples']} | "
+                         f"{r['changed_tokens']}/{r['tokens']} | {r['ppl_exact']:.2f} → {r['ppl_sparse']:.2f} | "
+                         f"{r['s_exact']:.2f} / {r['s_sparse']:.2f} |")
+        write_section("Sparse converter on the demo's SDE samples", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
