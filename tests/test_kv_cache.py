@@ -229,3 +229,16 @@ def test_demo_cache_frontier_flag_excludes_the_sweep(capsys):
         main(["demo", "--cache-frontier", "--sweep"])
     assert e.value.code == 2
     assert "argument --sweep: not allowed with argument --cache-frontier" in capsys.readouterr().err
+
+
+def test_results_rows_survive_an_interrupted_append(tmp_path):
+    """A kill mid-append leaves a partial line; the next append closes it, so only the fragment is lost."""
+    from dsl_llada.toy.sweep import append_rows, read_rows
+
+    path = tmp_path / "runs.jsonl"
+    append_rows(path, [{"key": "a", "round": 0}])
+    with path.open("a") as f:
+        f.write('{"key": "b", "rou')  # what a kill leaves behind
+    append_rows(path, [{"key": "c", "round": 0}, {"key": "d", "round": 1}])
+    assert [r["key"] for r in read_rows(path)] == ["a", "c", "d"]
+    assert read_rows(tmp_path / "missing.jsonl") == []

@@ -168,8 +168,8 @@ class Backbone(nn.Module):
     """Whether `forward_cached` is implemented (approximate KV caching in the samplers)."""
 
     def forward_cached(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                       positions: Positions = None, cache: "KVCache | None" = None,
-                       start: int = 0) -> tuple[torch.Tensor, "KVCache"]:
+                       positions: Positions = None, cache: KVCache | None = None,
+                       start: int = 0) -> tuple[torch.Tensor, KVCache]:
         """Build (cache None) or reuse a key/value cache; see `LLaDABackbone.forward_cached`."""
         raise NotImplementedError(f"the {self.family} backbone has no key/value cache")
 

@@ -244,7 +244,12 @@ class LLaDABackbone(Backbone):
                 x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin, bias, use_reentrant=False)
             else:
                 x = blk(x, cos, sin, bias)
-        x = t.ln_f(select_positions(x, positions))  # norm + head only where logits are wanted
+        return self._logits(x, positions)
+
+    def _logits(self, x: torch.Tensor, positions: Positions) -> torch.Tensor:
+        """Final norm + output head on the `positions` rows of the last block's output only."""
+        t = self.model.transformer
+        x = t.ln_f(select_positions(x, positions))
         head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
         logits = F.linear(x, head)
         if not self.cfg.weight_tying and t.ff_out.bias is not None:
@@ -275,11 +280,7 @@ class LLaDABackbone(Backbone):
         for i, blk in enumerate(t.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
             x = blk(x, cos, sin, bias, kv=kv, start=start, store=store)
-        x = t.ln_f(select_positions(x, positions))
-        head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
-        logits = F.linear(x, head)
-        if not self.cfg.weight_tying and t.ff_out.bias is not None:
-            logits = logits + t.ff_out.bias
+        logits = self._logits(x, positions)
         if store is not None:
             cache = KVCache(keys=[k for k, _ in store], values=[v for _, v in store], length=total)
         return logits, cache

@@ -15,11 +15,13 @@ docs/benchmarks.md measures what it costs on the toy world with exact likelihood
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import torch
 
 from ..backbones.base import Positions
 from ..config import check_cache_options
 from ..errors import ConfigError
+
 
 class WindowKVCache:
     """A forward `(x, attention_mask, positions=...) -> logits` with approximate key/value reuse.

@@ -28,7 +28,7 @@ from ..generation import SamplerChoice, sample_in_batches
 from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
 from .evaluate import aggregate, score_record
-from .sweep import SUM_KEYS, OPEN_KEYS, _append_jsonl, _metrics, _read_jsonl, model_fingerprint
+from .sweep import OPEN_KEYS, SUM_KEYS, append_rows, model_fingerprint, read_rows, task_metrics
 from .tasks import render_prompt
 
 
@@ -128,7 +128,7 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     ids = {name: model_fingerprint(m) for name, m in models.items()}
     plan = [(v, v.config(fc, gen_length)) for v in variants(fc)]
     keys = {v: _key(v, cfg, ids[v.model], fc) for v, cfg in plan}
-    done = {(r["key"], r["round"]) for r in _read_jsonl(runs_path)}
+    done = {(r["key"], r["round"]) for r in read_rows(runs_path)}
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
     todo = [(rnd, v, cfg) for rnd in range(fc.rounds) for v, cfg in plan if (keys[v], rnd) not in done]
     echo(f"cache frontier: {len(plan)} variants x {fc.rounds} round(s), {len(todo)} runs to do, "
@@ -152,12 +152,12 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
                 records.append(score_record(world, examples[i], text, method=v.label, nfe=0, seed=None, index=i,
                                             forward_passes=0))
             agg = aggregate(records)
-            row["open"], row["summarize"] = _metrics(agg, "open", OPEN_KEYS), _metrics(agg, "summarize", SUM_KEYS)
+            row["open"], row["summarize"] = task_metrics(agg, "open", OPEN_KEYS), task_metrics(agg, "summarize", SUM_KEYS)
             row["ids"] = outputs
-            _append_jsonl(out / "samples.jsonl", [{"key": keys[v], "label": v.label, "sampler": v.sampler, **r}
+            append_rows(out / "samples.jsonl", [{"key": keys[v], "label": v.label, "sampler": v.sampler, **r}
                                                   for r in records])
-        _append_jsonl(runs_path, [row])
-    return frontier_rows(_read_jsonl(runs_path), [keys[v] for v, _ in plan])
+        append_rows(runs_path, [row])
+    return frontier_rows(read_rows(runs_path), [keys[v] for v, _ in plan])
 
 
 def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:

@@ -152,12 +152,14 @@ OPEN_KEYS = ("ppl", "in_support", "len", "premature_eos%", "rep", "d2", "n")
 SUM_KEYS = ("rouge1", "rouge2", "rougeL", "ppl", "in_support", "len", "n")
 
 
-def _metrics(rows: Sequence[dict[str, Any]], task: str, keys: Sequence[str]) -> dict[str, Any] | None:
+def task_metrics(rows: Sequence[dict[str, Any]], task: str, keys: Sequence[str]) -> dict[str, Any] | None:
+    """The `keys` of the aggregate row of `task` (None when the run had no prompt of that task)."""
     found = [r for r in rows if r["task"] == task]
     return {k: found[0].get(k) for k in keys} if found else None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a resumable results file (none when it does not exist; unreadable lines are skipped)."""
     if not path.exists():
         return []
     out = []
@@ -169,9 +171,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _append_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    with path.open("a") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+def append_rows(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Append one JSON line per record and flush. A partial last line left by an interrupted append is closed
+    first, so it cannot swallow the first new record (`read_rows` then skips only the broken fragment)."""
+    with path.open("a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode())
         f.flush()
 
 
@@ -189,7 +197,7 @@ def run_sweep(dsl: DSLModel, world, tokenizer, examples, out: Path, sweep: Sweep
         for s in sweep.settings():
             cfg = s.sde_config(nfe, gen_length)
             plan.append((s, nfe, cfg, _run_key(cfg, s.context_embedding, model_id, sweep)))
-    existing = _read_jsonl(rows_path)
+    existing = read_rows(rows_path)
     results = {r["run_key"]: r for r in existing}
     have = {(r["group"], r["setting"], r["nfe"], r["run_key"]) for r in existing}
     todo: dict[str, tuple[SweepSetting, int, SDEConfig]] = {}
@@ -202,7 +210,7 @@ def run_sweep(dsl: DSLModel, world, tokenizer, examples, out: Path, sweep: Sweep
     def write_rows(key: str) -> None:
         new = [_row(s, nfe, cfg, results[key], model_id, sweep, models[s.context_embedding])
                for s, nfe, cfg, k in plan if k == key and (s.group, s.label, nfe, k) not in have]
-        _append_jsonl(rows_path, new)
+        append_rows(rows_path, new)
         have.update((r["group"], r["setting"], r["nfe"], key) for r in new)
 
     for key, (s, nfe, cfg) in progress_bar(list(todo.items()), desc="sweep", enabled=progress):
@@ -211,13 +219,13 @@ def run_sweep(dsl: DSLModel, world, tokenizer, examples, out: Path, sweep: Sweep
         records = sample_records(models, world, tokenizer, examples, [method], [nfe], gen_length=gen_length,
                                  batch_size=sweep.batch_size, seed=sweep.seed)
         agg = aggregate(records)
-        results[key] = {"run_key": key, "open": _metrics(agg, "open", OPEN_KEYS),
-                        "summarize": _metrics(agg, "summarize", SUM_KEYS), "seconds": time.perf_counter() - t}
-        _append_jsonl(samples_path, [{"run_key": key, **r} for r in records])
+        results[key] = {"run_key": key, "open": task_metrics(agg, "open", OPEN_KEYS),
+                        "summarize": task_metrics(agg, "summarize", SUM_KEYS), "seconds": time.perf_counter() - t}
+        append_rows(samples_path, [{"run_key": key, **r} for r in records])
         write_rows(key)
     for key in dict.fromkeys(k for *_, k in plan):  # table rows whose run is shared with a row written earlier
         write_rows(key)
-    latest = {(r["group"], r["setting"], r["nfe"], r["run_key"]): r for r in _read_jsonl(rows_path)}
+    latest = {(r["group"], r["setting"], r["nfe"], r["run_key"]): r for r in read_rows(rows_path)}
     return [latest[(s.group, s.label, nfe, key)] for s, nfe, _, key in plan]
 
 
@@ -246,7 +254,7 @@ def reference_rows(world, examples) -> dict[str, dict[str, Any]]:
     truth = [score_record(world, ex, ex.response, method="world", nfe=0, seed=None, index=i, forward_passes=0)
              for i, ex in enumerate(examples)]
     agg = aggregate(truth)
-    return {"open": _metrics(agg, "open", OPEN_KEYS), "summarize": _metrics(agg, "summarize", SUM_KEYS)}
+    return {"open": task_metrics(agg, "open", OPEN_KEYS), "summarize": task_metrics(agg, "summarize", SUM_KEYS)}
 
 
 COLUMNS = [("sweep", "Sweep", ""), ("setting", "Setting", ""), ("ppl", "PPL", ".1f"), ("in_support", "in-support %", ".0f"),
