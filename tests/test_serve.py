@@ -17,7 +17,7 @@ from dsl_llada.cli import main
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.generation import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
-from dsl_llada.serve.schemas import ChatRequest
+from dsl_llada.serve.schemas import ChatRequest, RequestError, SamplingFields, build_sampling
 
 # one intra-op thread (conftest): a busy 2-core CPU makes spinning OpenMP threads ~100x slower on tiny models
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,6 +60,8 @@ def test_models_health_and_metrics(tiny):
     ("block-sde", {"nfe": 2, "block_length": 4}, SDEConfig(nfe=2, gen_length=12, block_length=4)),
     ("remask", {"steps": 6, "temperature": 0.7}, RemaskConfig(steps=6, gen_length=12, temperature=0.7)),
     ("remdm", {"steps": 6, "temperature": 0.7}, RemaskConfig(steps=6, gen_length=12, temperature=0.7, remdm=True)),
+    ("block-sde", {"nfe": 2, "block_length": 4, "kv_cache": "dual", "cache_refresh": 2},
+     SDEConfig(nfe=2, gen_length=12, block_length=4, kv_cache="dual", cache_refresh=2)),
 ])
 def test_outputs_equal_the_library_and_depend_on_the_seed(tiny, sampler, fields, config):
     model, tok = tiny
@@ -197,6 +199,8 @@ def test_remask_stream_shows_masks_resolving(tiny):
     (chat("x", n=0), "n", "greater than or equal to 1"),
     (chat("x " * 60, max_tokens=8), "messages", "exceed the model's context of 64"),
     ({"prompt": [5, 10**6]}, "prompt", "outside the vocabulary"),
+    (chat("x", kv_cache="full"), "kv_cache", "Input should be 'off', 'prefix' or 'dual'"),
+    (chat("x", sampler="remask", kv_cache="dual", cfg_scale=1.0), "kv_cache", "cfg_scale=1.0 is not supported"),
 ])
 def test_invalid_requests_get_400_naming_the_field(tiny, body, param, fragment):
     model, tok = tiny
@@ -348,3 +352,12 @@ def test_official_openai_client_streams_and_ignores_the_extension(tiny):
         model, tok, PROMPTS[0], "sde", SDEConfig(nfe=6, gen_length=10), 4)
     steps = [c.model_extra["dsl_llada"]["denoising"]["step"] for c in chunks if "dsl_llada" in (c.model_extra or {})]
     assert steps == [1, 2, 3] and full.model_extra["dsl_llada"]["forward_passes"] == 7
+
+
+def test_kv_cache_request_on_a_backbone_without_a_cache_is_refused():
+    fields = SamplingFields(sampler="remask", kv_cache="prefix")
+    with pytest.raises(RequestError, match="kv_cache='prefix' needs a backbone with a key/value cache") as e:
+        build_sampling(fields, default_sampler="remask", has_converter=False, has_kv_cache=False)
+    assert e.value.param == "kv_cache"
+    name, cfg = build_sampling(fields, default_sampler="remask", has_converter=False, has_kv_cache=True)
+    assert name == "remask" and cfg.kv_cache == "prefix"

@@ -53,6 +53,8 @@ class Service:
         self.pad_batches = pad_batches
         self.has_converter = isinstance(model, DSLModel)
         self.default_sampler = "sde" if self.has_converter else "remask"
+        backbone = model.backbone if self.has_converter else model
+        self.has_kv_cache = bool(getattr(backbone, "supports_kv_cache", False))
         self.context = context_limit(model)
         self.metrics = Metrics()
         self.batcher = Batcher(BatchRunner(model, tokenizer), max_batch=max_batch, max_wait_ms=max_wait_ms,
@@ -95,7 +97,7 @@ class Service:
     def make_jobs(self, req: SamplingFields, prompts: list[list[int]], param: str, max_tokens: int | None,
                   stream: bool) -> tuple[list[Job], str, Any, int, asyncio.Queue | None]:
         name, config = build_sampling(req, default_sampler=self.default_sampler, has_converter=self.has_converter,
-                                      max_tokens=max_tokens)
+                                      max_tokens=max_tokens, has_kv_cache=self.has_kv_cache)
         for ids in prompts:
             if not ids:
                 raise RequestError("the prompt encodes to no tokens", param)

@@ -125,8 +125,9 @@ def _pick(a: int | None, b: int | None, names: tuple[str, str]) -> int | None:
 
 
 def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: bool,
-                   max_tokens: int | None = None) -> tuple[str, SDEConfig | RemaskConfig]:
-    """The sampler name and its validated config for a request; RequestError (400) naming the field otherwise."""
+                   max_tokens: int | None = None, has_kv_cache: bool = True) -> tuple[str, SDEConfig | RemaskConfig]:
+    """The sampler name and its validated config for a request; RequestError (400) naming the field otherwise.
+    `has_kv_cache`: whether the served backbone supports the samplers' approximate key/value caching."""
     name = req.sampler or default_sampler
     if name in SDE_SAMPLERS and not has_converter:
         raise RequestError(f"sampler={name!r} needs a DSL checkpoint (noise embedding + converter); this server's "
@@ -166,6 +167,9 @@ def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: 
         if req.eta is not None:
             raise RequestError(f"eta is a setting of the SDE samplers, not of {name!r}", "eta")
         kwargs["remdm"] = name == "remdm"
+    if kwargs.get("kv_cache", "off") != "off" and not has_kv_cache:
+        raise RequestError(f"kv_cache={kwargs['kv_cache']!r} needs a backbone with a key/value cache (the native LLaDA "
+                           f"backbone); this server's model has none: use kv_cache='off'", "kv_cache")
     try:
         return name, cls(**kwargs)
     except ConfigError as e:
