@@ -242,3 +242,15 @@ def test_results_rows_survive_an_interrupted_append(tmp_path):
     append_rows(path, [{"key": "c", "round": 0}, {"key": "d", "round": 1}])
     assert [r["key"] for r in read_rows(path)] == ["a", "c", "d"]
     assert read_rows(tmp_path / "missing.jsonl") == []
+
+
+def test_cache_runs_in_bf16_and_refresh_one_stays_exact():
+    """The GPU dtype path, exercised on CPU: a bf16 backbone (the converter's softmax stays fp32)."""
+    model = perturb_converter(tiny_dsl(seed=5))
+    model.backbone.to(torch.bfloat16)
+    model.converter.backbone_embedding.to(torch.bfloat16)
+    cfg = SDEConfig(nfe=4, gen_length=8, block_length=4, top_m=8)
+    exact = _run(model, cfg)
+    assert torch.equal(_run(model, cfg.replace(kv_cache="dual", cache_refresh=1)).ids, exact.ids)
+    stale = _run(model, cfg.replace(kv_cache="dual", cache_refresh=0))
+    assert stale.ids.shape == (2, 8) and ((stale.ids >= 0) & (stale.ids < model.vocab_size)).all()
