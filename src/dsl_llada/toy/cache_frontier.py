@@ -177,19 +177,15 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
                                                  "n")}
                     | {"seconds_per_sample": statistics.median(times), "seconds_min": min(times),
                        "seconds_max": max(times), "rounds": len(times)})
+    exact = {r["sampler"]: r for r in rows if r["mode"] == "off"}
     for r in rows:
-        ref = next((x for x in rows if x["sampler"] == r["sampler"] and x["mode"] == "off"), None)
+        ref = exact.get(r["sampler"])
         if ref is None:
-            r["same_tokens"] = None
+            r["same_tokens"] = r["speedup"] = None
             continue
-        same = total = 0
-        for a, b in zip(r["ids"], ref["ids"]):
-            same += sum(x == y for x, y in zip(a, b))
-            total += len(b)
-        r["same_tokens"] = 100.0 * same / max(total, 1)
-    for r in rows:
-        ref = next((x for x in rows if x["sampler"] == r["sampler"] and x["mode"] == "off"), None)
-        r["speedup"] = ref["seconds_per_sample"] / r["seconds_per_sample"] if ref else None
+        same = sum(x == y for a, b in zip(r["ids"], ref["ids"]) for x, y in zip(a, b))
+        r["same_tokens"] = 100.0 * same / max(sum(len(b) for b in ref["ids"]), 1)
+        r["speedup"] = ref["seconds_per_sample"] / r["seconds_per_sample"]
     return rows
 
 
