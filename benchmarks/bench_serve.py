@@ -28,7 +28,7 @@ import torch
 from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
 from dsl_llada.backbones.base import SpecialTokens
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
-from dsl_llada.generation import encode_prompt, load_model, load_tokenizer
+from dsl_llada.loading import encode_prompt, load_model, load_tokenizer
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.serve.app import create_app

@@ -15,7 +15,7 @@ from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_
 
 from dsl_llada.cli import main
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.generation import load_model, load_tokenizer
+from dsl_llada.loading import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
 from dsl_llada.serve.schemas import ChatRequest, RequestError, SamplingFields, build_sampling
 

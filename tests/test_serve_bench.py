@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsl_llada.generation import load_model, load_tokenizer
+from dsl_llada.loading import load_model, load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serve.py"

@@ -13,7 +13,7 @@ from helpers import toy_backbone_folder
 from dsl_llada.backbones.base import SpecialTokens
 from dsl_llada.checkpoint import TOKENIZER_FILES
 from dsl_llada.cli import main
-from dsl_llada.generation import encode_prompt, load_tokenizer
+from dsl_llada.loading import encode_prompt, load_tokenizer
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 from dsl_llada.train.builtin_tokenizers import builtin_tokenizer
 from dsl_llada.train.components import _byte_encode, _ids_encode

@@ -55,9 +55,9 @@ def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .generation import (NonFiniteLogitsError, check_prompt_lengths, check_prompt_texts, context_limit,
-                             default_device, encode_prompt, generate, load_model, load_tokenizer, parse_dtype,
-                             read_prompts)
+    from .generation import NonFiniteLogitsError, generate
+    from .loading import (check_prompt_lengths, check_prompt_texts, context_limit, default_device, encode_prompt, load_model,
+                          load_tokenizer, parse_dtype, read_prompts)
     from .records import RecordFile
 
     choice = _sampler_choice(a)
@@ -127,7 +127,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import load_backbone
     from .config import ConverterConfig, DSLConfig
-    from .generation import parse_dtype
+    from .loading import parse_dtype
     from .model import DSLModel
 
     cfg = DSLConfig(converter=ConverterConfig(noise_dim=a.noise_dim, noise_init=a.noise_init, beta_init=a.beta_init,

@@ -62,7 +62,7 @@ class ModelSpec(ConfigBase):
         _check(self.kind in MODEL_KINDS, f"model {self.name!r}: kind={self.kind!r} is not valid; expected one of {list(MODEL_KINDS)}")
         _check(self.gguf_file is None or self.kind == "causal-lm", f"model {self.name!r}: gguf_file needs kind 'causal-lm'")
         if self.dtype is not None:
-            from ..generation import DTYPES
+            from ..loading import DTYPES
 
             _check(self.dtype in DTYPES, f"model {self.name!r}: dtype={self.dtype!r} is not valid; expected one of {sorted(DTYPES)}")
 

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ..config import RemaskConfig, SDEConfig
-from ..generation import SamplerChoice, encode_prompt, load_model, load_tokenizer, parse_dtype, run_sampler
+from ..generation import SamplerChoice, run_sampler
+from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
 from ..sampling.common import PromptBatch
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
 

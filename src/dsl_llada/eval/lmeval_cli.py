@@ -39,7 +39,7 @@ def cmd_lmeval(a: argparse.Namespace) -> int:
         from lm_eval.utils import make_table
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..generation import default_device
+    from ..loading import default_device
     from ..utils import atomic_write_text
     from .lmeval import DSLLadaLM
 

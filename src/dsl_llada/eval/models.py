@@ -31,7 +31,7 @@ class Loaded:
 
 
 def resolve_dtype(spec: ModelSpec, device: str) -> torch.dtype:
-    from ..generation import parse_dtype
+    from ..loading import parse_dtype
 
     return parse_dtype(spec.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
 
@@ -48,7 +48,7 @@ def load_tokenizer_for(spec: ModelSpec):
             return AutoTokenizer.from_pretrained(path, gguf_file=spec.gguf_file, local_files_only=True)
         except (OSError, ValueError) as e:
             raise ConfigError(f"model {spec.name!r}: could not read a tokenizer from {path}/{spec.gguf_file}: {e}") from None
-    from ..generation import load_tokenizer
+    from ..loading import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -72,7 +72,7 @@ def load(spec: ModelSpec, device: str) -> Loaded:
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return Loaded(spec, model, tok, torch.device(device))
-    from ..generation import load_model
+    from ..loading import load_model
 
     model = load_model(spec.path, dtype=dtype, device=device)
     return Loaded(spec, model, tok, torch.device(device))
@@ -100,7 +100,7 @@ def check_method(loaded: Loaded, method: MethodSpec) -> None:
 
 def encode(loaded: Loaded, prompt: str, chat: bool) -> list[int]:
     """Prompt ids as the model sees them (chat template as one user turn, or raw)."""
-    from ..generation import encode_prompt
+    from ..loading import encode_prompt
 
     return encode_prompt(loaded.tokenizer, prompt, chat_template=chat)
 

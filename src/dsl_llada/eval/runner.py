@@ -133,7 +133,7 @@ def _plan_forward_task(cfg: EvalConfig, tspec, task, ds, samples: list[Sample], 
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:
-    from ..generation import encode_prompt
+    from ..loading import encode_prompt
 
     return encode_prompt(tok, text, chat_template=chat)
 

@@ -54,7 +54,8 @@ class Timing:
 
 def time_diffusion_sample(model, tokenizer, prompt: str, choice, *, seed: int, chat_template: bool = True) -> Timing:
     """One timed sample through this project's samplers (batch size 1)."""
-    from ..generation import encode_prompt, run_sampler
+    from ..generation import run_sampler
+    from ..loading import encode_prompt
     from ..sampling.common import PromptBatch
 
     device = next(model.parameters()).device

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..generation import encode_prompt
+from ..loading import encode_prompt
 from ..model import DSLModel
 from .batcher import DONE, Batcher, Job, QueueFull, ShuttingDown
 from .metrics import Metrics

@@ -62,7 +62,7 @@ def add_serve_parser(sub) -> None:
 
 def _load(a: argparse.Namespace):
     from ..backbones import resolve_model_path
-    from ..generation import default_device, load_model, load_tokenizer, parse_dtype
+    from ..loading import default_device, load_model, load_tokenizer, parse_dtype
 
     device = a.device or default_device()
     path = resolve_model_path(a.model)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..config import RemaskConfig, SDEConfig
-from ..generation import encode_prompt
+from ..loading import encode_prompt
 from ..model import DSLModel
 from .batcher import same_torch_threads
 from .runner import context_limit

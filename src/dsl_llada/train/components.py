@@ -176,7 +176,7 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
     if folder is None:
         raise ConfigError("no tokenizer: set `tokenizer` to a tokenizer folder, 'bytes' or 'ids' (init_from='scratch' "
                           "has no tokenizer files)")
-    from ..generation import load_tokenizer
+    from ..loading import load_tokenizer
 
     return load_tokenizer(folder), folder
 

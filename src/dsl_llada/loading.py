@@ -1,0 +1,148 @@
+"""Everything between files on disk and a ready sampler input: the model (DSL checkpoint or bare backbone), its
+tokenizer, dtype/device names, prompt files, prompt encoding and the checks that a prompt fits the model.
+
+Every command loads through here (`generate`, `eval`, `serve`, `ui`, `lm-eval`, the trainer's tokenizer); the
+samplers never load anything, and `generation.py` only generates.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .backbones import load_backbone
+from .backbones.base import Backbone, CheckpointError
+from .checkpoint import checkpoint_files
+from .model import DSLModel
+
+__all__ = ["DTYPES", "check_prompt_lengths", "check_prompt_texts", "context_limit", "default_device", "encode_prompt",
+           "load_model", "load_tokenizer", "parse_dtype", "read_prompts"]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r} is not valid; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DSLModel | Backbone:
+    """A DSL checkpoint (has `noise_embed.weight`) loads as DSLModel; anything else as a bare backbone."""
+    names = set(checkpoint_files(path))
+    if "noise_embed.weight" in names:
+        return DSLModel.from_pretrained(path, dtype=dtype, device=device).eval()
+    return load_backbone(path, dtype=dtype, device=device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """A Hugging Face tokenizer from a local folder (never the hub; no remote code)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        if (Path(path) / "tokenizer.json").exists():  # a fast tokenizer file: no need to read the model's config
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"could not load a tokenizer from {str(path)!r}: {e}") from None
+
+
+def encode_prompt(tokenizer, text: str, *, chat_template: bool = True) -> list[int]:
+    """Chat-template the prompt as one user turn (when the tokenizer has a template) and encode it without
+    adding special tokens again (the template already holds BOS), as LLaDA-Instruct's evaluation."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+
+def context_limit(model: DSLModel | Backbone) -> int | None:
+    """Longest sequence (prompt + response) the model accepts; None when unbounded/unknown."""
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    return getattr(backbone, "max_length", None)
+
+
+def check_prompt_texts(prompts: Sequence[str]) -> None:
+    """Refuse empty (or whitespace-only) prompts up front, naming the first few."""
+    empty = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
+    if empty:
+        which = f"prompt {empty[0]} is" if len(empty) == 1 else \
+            f"prompts {', '.join(map(str, empty[:5]))}{' ...' if len(empty) > 5 else ''} are"
+        raise ValueError(f"{which} empty (counting from 0 in the order given); every prompt needs some text")
+
+
+def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | None, gen_length: int) -> None:
+    """Before any sampling: every encoded prompt + gen_length must fit the context; name the prompt and by how much
+    it is too long."""
+    if context is None:
+        return
+    too_long = [(i, len(e)) for i, e in enumerate(encoded) if len(e) + gen_length > context]
+    if not too_long:
+        return
+    i, n = max(too_long, key=lambda t: t[1])
+    others = f" ({len(too_long)} prompts are too long; this is the longest)" if len(too_long) > 1 else ""
+    fix = f"shorten it by at least {n + gen_length - context} tokens"
+    if n < context:
+        fix += f", or reduce --gen-length to at most {context - n}"
+    raise ValueError(f"prompt {i} is too long: {n} tokens as encoded (chat template included) + gen_length "
+                     f"{gen_length} = {n + gen_length} tokens exceeds the model's context of {context} by "
+                     f"{n + gen_length - context}{others}; {fix}")
+
+
+
+def _prompt_of(obj: Any, field: str, where: str) -> str:
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, dict) and isinstance(obj.get(field), str):
+        return obj[field]
+    raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
+
+
+def read_prompts(path: str | Path, field: str = "prompt") -> list[str]:
+    """Prompts from a file, by suffix: `.jsonl` (one JSON object per line with a string `field`, or a JSON
+    string), `.json` (a JSON array of strings or of such objects), anything else plain text (one per line;
+    blank lines skipped). Errors name the file and line."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--prompts-file {str(path)!r} is a folder; expected a .jsonl, .json or .txt file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompts-file {str(path)!r} is not UTF-8 text ({e}); expected .jsonl, .json or .txt") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); a .json prompts file "
+                             f"holds one JSON array of strings or of objects with a {field!r} field") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json prompts file must hold a JSON array (of strings or of objects with a "
+                             f"{field!r} field), got a {type(data).__name__}; or use .jsonl (one object per line) "
+                             f"or .txt (one prompt per line)")
+        return [_prompt_of(x, field, f"{path}: item {n}") for n, x in enumerate(data)]
+    lines = text.splitlines()
+    if path.suffix != ".jsonl":
+        return [ln for ln in lines if ln.strip()]
+    out = []
+    for n, ln in enumerate(lines, start=1):
+        if not ln.strip():
+            continue
+        try:
+            obj = json.loads(ln)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); a .jsonl prompts file holds "
+                             f"one JSON object per line") from None
+        out.append(_prompt_of(obj, field, f"{path}:{n}"))
+    return out
+
+
