@@ -6,7 +6,6 @@ samplers themselves live in `dsl_llada.sampling`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,11 +21,12 @@ from .loading import check_prompt_lengths, check_prompt_texts, context_limit, en
 from .model import DSLModel
 from .sampling.common import PromptBatch, SampleOutput
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
+from .sampling.guards import NonFiniteLogitsError, check_finite_first_forward
 from .utils import atomic_write_text, progress as progress_bar
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLERS", "SamplerChoice", "generate", "run_sampler", "sample_in_batches", "write_jsonl"]
+__all__ = ["SAMPLERS", "NonFiniteLogitsError", "SamplerChoice", "generate", "run_sampler", "sample_in_batches", "write_jsonl"]
 @dataclass(frozen=True)
 class SamplerChoice:
     """A sampler's typed config: its type picks the sampler (`sampling.dispatch`) and `name` is derived from it."""
@@ -69,31 +69,6 @@ def sample_in_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[
         batch = PromptBatch.from_lists(chunk, pad_id=model.special.pad_id, device=device)
         gens = [torch.Generator(device="cpu").manual_seed(seed_of(start + j)) for j in range(len(chunk))]
         yield start, run_sampler(model, batch, choice, generator=gens)
-
-
-class NonFiniteLogitsError(ValueError):
-    """The model's first forward pass of a sampler run produced NaN/inf logits (damaged or diverged weights)."""
-
-
-@contextlib.contextmanager
-def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
-    """Inside the block, the first backbone forward pass is checked for non-finite logits (one `isfinite` over the
-    last position, which left padding never covers); a NaN/inf raises NonFiniteLogitsError at once."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
-    handle = None
-
-    def hook(_module, _inputs, output):
-        handle.remove()
-        logits = output[0] if isinstance(output, (tuple, list)) else output
-        if torch.is_tensor(logits) and logits.dim() == 3 and not bool(torch.isfinite(logits[:, -1]).all()):
-            raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
-                                       "weights are damaged or come from a diverged training run")
-
-    handle = backbone.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choice: SamplerChoice, *,

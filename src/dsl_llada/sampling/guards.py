@@ -1,0 +1,42 @@
+"""Guards that watch a sampler run and stop it when its numbers are broken (NaN/inf from damaged or diverged weights).
+
+Every caller that runs samplers over user prompts (`generate`, eval, the server) uses these, so a broken model fails
+the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from ..backbones.base import Backbone
+from ..model import DSLModel
+
+__all__ = ["NonFiniteLogitsError", "check_finite_first_forward"]
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model's first forward pass of a sampler run produced NaN/inf logits (damaged or diverged weights)."""
+
+
+@contextlib.contextmanager
+def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
+    """Inside the block, the first backbone forward pass is checked for non-finite logits (one `isfinite` over the
+    last position, which left padding never covers); a NaN/inf raises NonFiniteLogitsError at once."""
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    handle = None
+
+    def hook(_module, _inputs, output):
+        handle.remove()
+        logits = output[0] if isinstance(output, (tuple, list)) else output
+        if torch.is_tensor(logits) and logits.dim() == 3 and not bool(torch.isfinite(logits[:, -1]).all()):
+            raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
+                                       "weights are damaged or come from a diverged training run")
+
+    handle = backbone.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
