@@ -69,6 +69,19 @@ class DSLModel(nn.Module):
         model.converter.init_from_backbone(wte, backbone.special.mask)
         return model
 
+    def to_compute_dtype(self, dtype: torch.dtype) -> "DSLModel":
+        """Cast in place to the paper's precision recipe for `dtype` (as `from_pretrained(dtype=...)` loads): the
+        backbone and the converter's value map W, c (and residual projection) in `dtype`; the noise table E, the
+        converter's logit bias and beta stay fp32 (the (V+1)-way softmax and the posterior mean read them in
+        fp32)."""
+        self.backbone.to(dtype)
+        for module in (self.converter.backbone_embedding, self.converter.residual_proj):
+            if module is not None:
+                module.to(dtype)
+        if self.converter.mask_key is not None:
+            self.converter.mask_key.data = self.converter.mask_key.data.to(dtype)
+        return self
+
     # -- properties --------------------------------------------------------------------------------
     @property
     def special(self) -> SpecialTokens:

@@ -20,7 +20,7 @@ import torch
 
 from ..config import RemaskConfig, SDEConfig
 from ..generation import SamplerChoice, run_sampler
-from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
+from ..loading import encode_prompt, load_model, load_tokenizer, resolve_dtype
 from ..sampling.common import PromptBatch
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
 
@@ -75,8 +75,7 @@ class DSLLadaLM(LM):
                  dtype: str | None = None, chat_template: bool | str = True, max_length: int | None = None,
                  rolling_context: int | None = None, **sampler_fields: Any):
         super().__init__()
-        dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
-        self.model = load_model(model_dir, dtype=parse_dtype(dtype), device=device)
+        self.model = load_model(model_dir, dtype=resolve_dtype(dtype, device), device=device)
         self.tok = load_tokenizer(tokenizer or model_dir)
         self.choice = sampler_choice(sampler, **sampler_fields)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
