@@ -285,18 +285,18 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type != "cpu" or n < 16 * m or rows == 0:
         return x.topk(m, dim=-1)
     t = x[:, ::TOP_M_STRIDE].topk(k_sub, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    r, c = (x >= t).nonzero(as_tuple=True)
+    # candidates as flat row-major positions: 1-D gathers and scatters (2-D advanced indexing costs ~70 ns/element)
+    flat = (x >= t).view(-1).nonzero().squeeze(1)
+    r = torch.div(flat, n, rounding_mode="floor")
     counts = torch.bincount(r, minlength=rows)
     width = int(counts.max())
     if int(counts.min()) < m or width > n // 4:
         return x.topk(m, dim=-1)
-    pos = torch.arange(r.numel(), device=x.device) - (counts.cumsum(0) - counts)[r]
-    vals = x.new_full((rows, width), float("-inf"))
-    vals[r, pos] = x[r, c]
-    cols = torch.zeros((rows, width), dtype=torch.long, device=x.device)
-    cols[r, pos] = c
-    v, j = vals.topk(m, dim=-1)
-    return v, cols.gather(1, j)
+    slot = torch.arange(flat.numel(), device=x.device) - (counts.cumsum(0) - counts)[r] + r * width
+    vals = x.new_full((rows * width,), float("-inf")).index_copy_(0, slot, x.reshape(-1).index_select(0, flat))
+    cols = torch.zeros(rows * width, dtype=torch.long, device=x.device).index_copy_(0, slot, flat - r * n)
+    v, j = vals.view(rows, width).topk(m, dim=-1)
+    return v, cols.view(rows, width).gather(1, j)
 
 
 def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 1024) -> torch.Tensor:
