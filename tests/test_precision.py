@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dsl_llada.loading as loading
 from dsl_llada.cli import build_parser, main
@@ -128,3 +129,56 @@ def test_sde_in_bf16_keeps_state_softmax_and_posterior_in_fp32(monkeypatch):
     assert seen["logits"] == {torch.bfloat16}  # the backbone really ran in bf16
     assert seen["slots"] == {torch.float32}  # the converter's (N, V+1) slot logits / softmax buffer
     assert seen["softmax_in"] == {torch.float32}  # every softmax (converter and posterior) reads fp32
+
+
+class _Allocations(TorchDispatchMode):
+    """Every tensor an aten op produces on a real device: (op, dtype, numel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.seen.append((str(func), t.dtype, t.numel()))
+        return out
+
+
+def test_sharded_bf16_checkpoint_loads_without_an_fp32_copy(tmp_path):
+    """A bf16 checkpoint in several shards loads in bf16 without any fp32 tensor of a weight matrix's size (no fp32
+    copy of the weights, no fp32 converter allocated and initialised only to be replaced)."""
+    model = tiny_dsl(vocab=512, seed=0, backbone_kw={"d_model": 64}).to_compute_dtype(torch.bfloat16)
+    folder = tmp_path / "bf16"
+    model.save_pretrained(folder, max_shard_bytes=40_000)
+    assert len(list(folder.glob("*.safetensors"))) >= 3  # really sharded
+    big = 512 * 64  # the embedding, head and converter value matrices
+    with _Allocations() as mode:
+        loaded = DSLModel.from_pretrained(folder, dtype=torch.bfloat16)
+    fp32_big = [(op, n) for op, dt, n in mode.seen if dt == torch.float32 and n >= big]
+    assert fp32_big == []
+    assert loaded.converter.backbone_embedding.weight.dtype is torch.bfloat16
+    assert loaded.noise_embed.weight.dtype is torch.float32 and loaded.converter.beta.dtype is torch.float32
+    for k, v in model.full_state_dict().items():  # the same tensors came back
+        assert torch.equal(loaded.full_state_dict()[k], v), k
+    # the twin: loading the same checkpoint in fp32 does create fp32 weight matrices (the probe sees them)
+    with _Allocations() as mode:
+        DSLModel.from_pretrained(folder, dtype=torch.float32)
+    assert any(dt == torch.float32 and n >= big for _, dt, n in mode.seen)
+
+
+def test_converter_memory_stays_chunked_at_batch_8():
+    """8 sequences x 128 response positions: the (rows, V+1) fp32 slot buffer holds token_chunk rows, never all 1024;
+    the output equals the unchunked map."""
+    model = tiny_dsl(vocab=300, seed=0, token_chunk=256)
+    z = torch.randn(8, 128, 16, generator=torch.Generator().manual_seed(0)) * 4
+    from dsl_llada.numerics import Workspace
+
+    ws = Workspace()
+    with torch.no_grad():
+        h = model.converter(z, model.unit_noise(), 2.0, workspace=ws)
+        whole = tiny_dsl(vocab=300, seed=0, token_chunk=0).converter(z, model.unit_noise(), 2.0)
+    assert [tuple(b.shape) for b in ws._buffers.values()] == [(256, 301)]
+    assert h.shape == (8, 128, model.backbone.hidden_size)
+    assert torch.allclose(h, whole, atol=1e-6)

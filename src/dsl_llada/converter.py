@@ -299,10 +299,12 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return v, cols.view(rows, width).gather(1, j)
 
 
-def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 1024) -> torch.Tensor:
+def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 256) -> torch.Tensor:
     """Clean-token embedding estimate ê = sum_{v in top-M} p̃_v e_v (paper §3.2). logits (..., V) -> (..., d) fp32.
 
-    top_m = 0 uses the full softmax. Renormalising the top-M probabilities equals a softmax over the top-M logits;
+    Rows are processed `chunk` at a time (each row independently: the chunk size changes no value), so the fp32
+    working set stays chunk x V (130 MB at V = 126,464) whatever the batch. top_m = 0 uses the full softmax.
+    Renormalising the top-M probabilities equals a softmax over the top-M logits;
     the gather of the M rows of E and their weighted sum are one `embedding_bag` per chunk of positions.
     """
     lead = logits.shape[:-1]

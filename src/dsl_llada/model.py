@@ -192,7 +192,8 @@ class DSLModel(nn.Module):
         config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
             infer_released_config(folder, names)
         backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
-        model = cls(backbone, config)
+        with torch.device("meta"):  # the noise table and converter are the checkpoint's tensors (assigned below): an
+            model = cls(backbone, config)  # fp32 (H, V+1) converter is never allocated or initialised (2 GB at 8B)
         expected = set(model.dsl_state_dict())
         dsl_names = {k for k in names if k.startswith(DSL_PREFIXES)} - set(IGNORED_DSL_KEYS)
         unknown, missing = sorted(dsl_names - expected), sorted(expected - dsl_names)
@@ -204,8 +205,6 @@ class DSLModel(nn.Module):
                 tensors[k] = v.float()
             elif v.is_floating_point():
                 tensors[k] = v.to(dtype)
-        model.noise_embed.to(device)
-        model.converter.to(device)
         shapes = {k: tuple(v.shape) for k, v in model.dsl_state_dict().items()}
         for k, v in tensors.items():
             if tuple(v.shape) != shapes[k]:
