@@ -51,7 +51,8 @@ def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype:
     return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
             "sampler": choice.name,
             "config": choice.config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
-            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
+            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest},
+            **({"quantize": a.quantize} if a.quantize != "none" else {})}
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -79,6 +80,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
+    if a.quantize != "none":
+        from .quantize import quantize_backbone
+
+        quantize_backbone(model, a.quantize)
     tok = load_tokenizer(a.tokenizer or a.model)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
     check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
@@ -137,6 +142,10 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    if a.dry_run:
+        return _convert_dry_run(a)
+    if a.output is None:
+        raise ValueError("convert needs an OUTPUT folder (or --dry-run to only print the memory estimate)")
     from .outputs import prepare_output_dir
 
     prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
@@ -144,6 +153,31 @@ def cmd_convert(a: argparse.Namespace) -> int:
     model = DSLModel.convert(backbone, cfg)
     model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
     print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
+    return 0
+
+
+def _convert_dry_run(a: argparse.Namespace) -> int:
+    from .backbones.llada import LLaDAConfig
+    from .checkpoint import read_json
+    from .quantize import memory_estimate
+
+    data = read_json(Path(a.backbone) / "config.json", "backbone config")
+    if data.get("model_type", "llada") != "llada":
+        raise ValueError(f"--dry-run estimates LLaDA-architecture backbones (model_type 'llada'); {a.backbone} has "
+                         f"model_type={data.get('model_type')!r}")
+    cfg = LLaDAConfig.from_hf_dict(data, where=str(Path(a.backbone) / "config.json"))
+    rows = [memory_estimate(cfg, noise_dim=a.noise_dim, dtype=dt, quantize=q)
+            for dt, q in (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))]
+    print(f"DSL model from {a.backbone}: d_model {cfg.d_model}, {cfg.n_layers} layers, vocabulary {cfg.vocab_size}, "
+          f"noise dim {a.noise_dim}: {rows[0]['parameters'] / 1e9:.2f} B parameters (nothing written)")
+    print("| weights | backbone linear GiB | embedding + norms GiB | converter + noise table GiB | total GiB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        name = r["dtype"] + (" + int8 backbone (--quantize int8)" if r["quantize"] == "int8" else "")
+        print(f"| {name} | {r['backbone_linear_gib']:.2f} | {r['backbone_other_gib']:.2f} | "
+              f"{r['dsl_converter_and_noise_gib']:.2f} | {r['total_gib']:.2f} |")
+    print("Weights only: activations, the converter's (256, V+1) fp32 buffer and logits come on top; the checkpoint "
+          f"on disk is written in --dtype ({a.dtype}).")
     return 0
 
 
@@ -180,13 +214,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a CPU with "
                    "native bf16 (AMX / AVX512-BF16), else fp32; the converter softmax, posterior and SDE state stay fp32)")
+    g.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: weight-only int8 backbone linear layers via torchao (about half a bf16 backbone's "
+                        "weight memory; measured quality cost in docs/benchmarks.md; needs dsl-llada[quantize])")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
-    c.add_argument("output", help="output folder (new or empty; never the backbone folder or one containing it)")
+    c.add_argument("output", nargs="?", default=None,
+                   help="output folder (new or empty; never the backbone folder or one containing it)")
+    c.add_argument("--dry-run", action="store_true",
+                   help="write nothing: print the weight memory the DSL model would need (fp32, bf16, bf16 + int8 "
+                        "backbone) from the backbone's config.json alone")
     c.add_argument("--overwrite", action="store_true",
                    help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
