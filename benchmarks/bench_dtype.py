@@ -7,8 +7,9 @@ Shapes:
   real   LLaDA-8B's width and vocabulary (d 4096, 32 heads, MLP 12,288, V 126,464) at `--layers` (1-2) layers;
          per-call split and peak memory only (whole samples would take minutes per sample on 2 cores).
 
-Every (dtype, round) runs in a fresh child process (one model in memory at a time: the real shape is 3-7 GB), the
-dtypes alternate, and the parent reports medians with the spread and each child's environment record.
+small: both models in one process, every measurement alternating between the dtypes, `--rounds` rounds; real: a
+fresh process per (round, dtype) (one model in memory at a time: 3-7 GB), dtypes alternating. Medians over rounds
+with the spread, and each run's environment record (with the load average).
 
 Usage:  python benchmarks/bench_dtype.py --shape small [--rounds 3] [--threads 1] [--json F] [--write]
         python benchmarks/bench_dtype.py --shape real --layers 1 [--batch 8]
@@ -99,96 +100,125 @@ def timed(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
+def _parts(model, s, dtype, batch, reps, peak, cfg) -> dict:
+    """One denoiser call at gamma 5 split into its parts (median of `reps` each), with their FLOP times."""
+    from benchlib import random_prompts
+
+    from dsl_llada.numerics import flush_denormals
+    from dsl_llada.sampling.denoiser import Denoiser
+    from dsl_llada.sampling.sde import inference_beta
+
+    pb = random_prompts(model, batch, PROMPT)
+    den = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, cfg), top_m=TOP_M)
+    y = torch.nn.functional.normalize(torch.randn(batch, RESPONSE, NOISE_DIM,
+                                                  generator=torch.Generator().manual_seed(0)), dim=-1)
+    t = model.backbone.model.transformer
+    cos, sin = model.backbone._rope(PROMPT + RESPONSE, torch.device("cpu"))
+    gamma = 5.0
+    with flush_denormals():  # as inside the samplers
+        h = model.converter(gamma * y, den.noise_table, den.beta, workspace=den.workspace).to(dtype)
+        x0 = torch.cat([den.context, h], 1)
+
+        def blocks(x=x0):
+            for blk in t.blocks:
+                x = blk(x, cos, sin, None)
+            return x
+
+        xl = t.ln_f(blocks()[:, PROMPT:])
+        logits = torch.nn.functional.linear(xl, t.ff_out.weight)
+        sec = {"converter": timed(lambda: model.converter(gamma * y, den.noise_table, den.beta,
+                                                          workspace=den.workspace), reps),
+               "blocks": timed(blocks, reps),
+               "head": timed(lambda: torch.nn.functional.linear(xl, t.ff_out.weight), reps),
+               "top_m_posterior": timed(lambda: model.posterior_mean(logits, TOP_M, den.noise_table), reps),
+               "call": timed(lambda: den(y, gamma), reps)}
+    fl = flops(s, batch)
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    flop_time = {"blocks": fl["blocks"] / (peak[name] * 1e9), "head": fl["head"] / (peak[name] * 1e9),
+                 "converter": fl["converter_slots"] / (peak["float32"] * 1e9)
+                 + fl["converter_values"] / (peak[name] * 1e9)}
+    flop_time["call"] = sum(flop_time.values())
+    return {"seconds": sec, "flop_time_s": flop_time}
+
+
 @torch.no_grad()
-def child(a) -> dict:
+def _samples(model, batch: int) -> dict:
     from benchlib import random_prompts
 
     from dsl_llada.config import RemaskConfig, SDEConfig
-    from dsl_llada.environment import environment_record, finish_record
-    from dsl_llada.numerics import flush_denormals
-    from dsl_llada.sampling.denoiser import Denoiser
     from dsl_llada.sampling.remask import sample_remask
-    from dsl_llada.sampling.sde import inference_beta, sample_sde
+    from dsl_llada.sampling.sde import sample_sde
+
+    pb = random_prompts(model, batch, PROMPT)
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(batch)]  # noqa: E731
+    t0 = time.perf_counter()
+    sde = sample_sde(model, pb, SDEConfig(nfe=16, gen_length=RESPONSE), generator=gens())
+    t_sde = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rm = sample_remask(model.backbone, pb, RemaskConfig(steps=16, gen_length=RESPONSE), generator=gens())
+    t_rm = time.perf_counter() - t0
+    return {"sde_s_per_sample": t_sde / batch, "remask_s_per_sample": t_rm / batch, "sde_ids": sde.ids.tolist(),
+            "remask_ids": rm.ids.tolist()}
+
+
+@torch.no_grad()
+def child(a) -> dict:
+    """Build one model per dtype of `a.child_dtypes` in this process and measure them alternating, `a.rounds`
+    rounds (each measurement of one dtype is followed by the same measurement of the next)."""
+    from dsl_llada.config import SDEConfig
+    from dsl_llada.environment import environment_record, finish_record
 
     torch.set_num_threads(a.threads)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
-    env = environment_record(device="cpu", dtype=dtype, seeds=[0])
-    t0 = time.perf_counter()
-    model, s = build(a.shape, dtype, a.layers)
-    build_s = time.perf_counter() - t0
-    rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out: dict = {"dtype": a.dtype, "shape": s, "build_s": build_s, "rss_after_build_mib": rss_model}
-    out["peak_gflops"] = {"float32": matmul_peak(torch.float32), a.dtype: matmul_peak(dtype)}
+    dtypes = {n: {"float32": torch.float32, "bfloat16": torch.bfloat16}[n] for n in a.child_dtypes}
+    env = environment_record(device="cpu", dtype=" vs ".join(dtypes), seeds=[0])
+    models, built = {}, {}
+    for n, dt in dtypes.items():
+        t0 = time.perf_counter()
+        models[n], s = build(a.shape, dt, a.layers)
+        built[n] = {"build_s": time.perf_counter() - t0,
+                    "rss_after_build_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     cfg = SDEConfig(nfe=16, gen_length=RESPONSE)
-    parts: dict[str, dict[str, float]] = {}
-    for batch in a.batches:
-        pb = random_prompts(model, batch, PROMPT)
-        den = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, cfg), top_m=TOP_M)
-        y = torch.nn.functional.normalize(torch.randn(batch, RESPONSE, NOISE_DIM,
-                                                      generator=torch.Generator().manual_seed(0)), dim=-1)
-        t = model.backbone.model.transformer
-        cos, sin = model.backbone._rope(PROMPT + RESPONSE, torch.device("cpu"))
-        gamma = 5.0
-        with flush_denormals():  # as inside the samplers
-            h = model.converter(gamma * y, den.noise_table, den.beta, workspace=den.workspace).to(dtype)
-            x = torch.cat([den.context, h], 1)
-
-            def blocks(x=x):
-                for blk in t.blocks:
-                    x = blk(x, cos, sin, None)
-                return x
-
-            xl = t.ln_f(blocks()[:, PROMPT:])
-            logits = torch.nn.functional.linear(xl, t.ff_out.weight)
-            reps = a.reps
-            p = {"converter": timed(lambda: model.converter(gamma * y, den.noise_table, den.beta,
-                                                            workspace=den.workspace), reps),
-                 "blocks": timed(blocks, reps),
-                 "head": timed(lambda: torch.nn.functional.linear(xl, t.ff_out.weight), reps),
-                 "top_m_posterior": timed(lambda: model.posterior_mean(logits, TOP_M, den.noise_table), reps),
-                 "call": timed(lambda: den(y, gamma), reps)}
-        fl = flops(s, batch)
-        peak = out["peak_gflops"]
-        flop_time = {"blocks": fl["blocks"] / (peak[a.dtype] * 1e9), "head": fl["head"] / (peak[a.dtype] * 1e9),
-                     "converter": fl["converter_slots"] / (peak["float32"] * 1e9)
-                     + fl["converter_values"] / (peak[a.dtype] * 1e9)}
-        flop_time["call"] = sum(flop_time.values())
-        parts[str(batch)] = {"seconds": p, "flop_time_s": flop_time}
-    out["parts"] = parts
-    if a.samples:
-        samples = {}
+    runs = []
+    for r in range(a.rounds):
+        peak = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16)}
+        per = {n: {"dtype": n, "round": r, "shape": s, **built[n], "peak_gflops": peak, "parts": {}, "samples": {}}
+               for n in dtypes}
         for batch in a.batches:
-            pb = random_prompts(model, batch, PROMPT)
-            gens = lambda: [torch.Generator().manual_seed(i) for i in range(batch)]  # noqa: E731
-            t0 = time.perf_counter()
-            sde = sample_sde(model, pb, cfg, generator=gens())
-            t_sde = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            rm = sample_remask(model.backbone, pb, RemaskConfig(steps=16, gen_length=RESPONSE), generator=gens())
-            t_rm = time.perf_counter() - t0
-            samples[str(batch)] = {"sde_s_per_sample": t_sde / batch, "remask_s_per_sample": t_rm / batch,
-                                   "sde_ids": sde.ids.tolist(), "remask_ids": rm.ids.tolist()}
-        out["samples"] = samples
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out["env"] = finish_record(env)
-    return out
+            for n, dt in dtypes.items():
+                per[n]["parts"][str(batch)] = _parts(models[n], s, dt, batch, a.reps, peak, cfg)
+            if a.samples:
+                for n in dtypes:
+                    per[n]["samples"][str(batch)] = _samples(models[n], batch)
+        for n in dtypes:
+            per[n]["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            per[n]["env"] = finish_record(env)
+            runs.append(per[n])
+        print(f"round {r}: " + ", ".join(f"{n} call b{a.batches[0]} {per[n]['parts'][str(a.batches[0])]['seconds']['call']:.3f} s"
+                                          for n in dtypes) + f", load {per[n]['env']['load_average_end']}", file=sys.stderr)
+    return {"runs": runs}
 
 
 def parent(a) -> dict:
+    """small: one process, both dtypes alternating inside it; real: a fresh process per (round, dtype) (one model
+    in memory at a time), dtypes alternating."""
+    def spawn(dtypes: list[str], rounds: int) -> list[dict]:
+        cmd = [sys.executable, __file__, "--child", "--shape", a.shape, "--child-dtypes", *dtypes, "--threads",
+               str(a.threads), "--reps", str(a.reps), "--rounds", str(rounds), "--batches", *map(str, a.batches)]
+        cmd += (["--layers", str(a.layers)] if a.layers else []) + (["--samples"] if a.samples else [])
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"child {dtypes} failed (exit {res.returncode})")
+        return json.loads(res.stdout.strip().splitlines()[-1])["runs"]
+
     runs: list[dict] = []
-    for r in range(a.rounds):
-        for dt in a.dtypes:
-            cmd = [sys.executable, __file__, "--child", "--shape", a.shape, "--dtype", dt, "--threads", str(a.threads),
-                   "--reps", str(a.reps), "--batches", *map(str, a.batches)] + (["--layers", str(a.layers)] if a.layers
-                                                                                 else []) + (["--samples"] if a.samples else [])
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                raise SystemExit(f"child {dt} round {r} failed:\n{res.stderr[-3000:]}")
-            run = json.loads(res.stdout.strip().splitlines()[-1])
-            run["round"] = r
-            runs.append(run)
-            print(f"round {r} {dt}: call b{a.batches[0]} {run['parts'][str(a.batches[0])]['seconds']['call']:.3f} s, "
-                  f"peak RSS {run['peak_rss_mib']:.0f} MiB, load {run['env']['load_average_end']}", file=sys.stderr)
+    if a.shape == "small":
+        runs = spawn(a.dtypes, a.rounds)
+    else:
+        for r in range(a.rounds):
+            for dt in a.dtypes:
+                for run in spawn([dt], 1):
+                    run["round"] = r
+                    runs.append(run)
     return {"shape": a.shape, "layers": a.layers, "threads": a.threads, "batches": a.batches, "runs": runs}
 
 
@@ -209,8 +239,10 @@ def render(result: dict) -> str:
              f"; d {s['d_model']}, {s['n_layers']} layer(s), {s['n_heads']} heads, V {s['vocab']}, prompt {PROMPT} + "
              f"response {RESPONSE}, SDE denoiser at gamma 5, top-M {TOP_M}. {env['cpu_model']} ({env['cpu_capability']}, "
              f"native bf16 {env['cpu_native_bf16']}), {result['threads']} thread(s), torch {env['libraries']['torch']}; "
-             f"**shared machine**, 1-minute load {min(loads)}-{max(loads)} during the run. Each (dtype, round) is a "
-             f"fresh process, dtypes alternating; medians over rounds [min, max].", ""]
+             f"**shared machine**, 1-minute load {min(loads)}-{max(loads)} during the run. "
+             + ("Both dtypes in one process, each measurement alternating between them"
+                if result["shape"] == "small" else "Each (dtype, round) a fresh process, dtypes alternating")
+             + f"; medians over {len(by[dts[0]])} rounds [min, max].", ""]
     peaks = {dt: med([r["peak_gflops"][dt] for r in by[dt]]) for dt in dts}
     lines.append("Matmul peak (256 x 4096 x 4096): " + ", ".join(f"{dt} {p[0]:.0f} GFLOP/s [{p[1]:.0f}, {p[2]:.0f}]"
                                                                    for dt, p in peaks.items()) + ".")
@@ -230,10 +262,11 @@ def render(result: dict) -> str:
                 cells.append(f"{1000 * m[0]:.1f} [{1000 * m[1]:.1f}, {1000 * m[2]:.1f}] | {ratio}")
             lines.append(f"| {part} | " + " | ".join(cells) + (f" | {meds[0] / meds[1]:.2f}x |" if len(dts) == 2 else " |"))
         lines.append("")
-    lines.append("Peak RSS (MiB): " + ", ".join(f"{dt} {med([r['peak_rss_mib'] for r in by[dt]])[0]:.0f} (model "
+    lines.append(("Peak RSS of the process holding both models (MiB): " if result["shape"] == "small" else
+                  "Peak RSS (MiB): ") + ", ".join(f"{dt} {med([r['peak_rss_mib'] for r in by[dt]])[0]:.0f} (model "
                                                 f"built: {med([r['rss_after_build_mib'] for r in by[dt]])[0]:.0f})"
                                                 for dt in dts) + ".")
-    if "samples" in runs[0] and len(dts) == 2:
+    if runs[0].get("samples") and len(dts) == 2:
         lines += ["", "Whole samples (s per sample; SDE NFE 16 = 33 forwards, remasking 16 steps):", "",
                   "| sampler | batch | fp32 | bf16 | fp32 / bf16 | identical tokens bf16 vs fp32 |", "|---|---|---|---|---|---|"]
         for b in result["batches"]:
@@ -260,7 +293,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    ap.add_argument("--child-dtypes", nargs="+", default=["float32"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.layers is not None and not 1 <= a.layers <= 32:
         raise SystemExit(f"--layers={a.layers} must be in 1..32")
