@@ -26,6 +26,7 @@ import torch
 
 from dsl_llada.environment import environment_record, finish_record
 from dsl_llada.generation import sample_in_batches
+from dsl_llada.quantize import quantize_backbone
 from dsl_llada.toy.demo import Demo, DemoConfig, cast_for_inference
 from dsl_llada.toy.evaluate import PAPER_METHODS, error_correction, score_record
 from dsl_llada.toy.tasks import render_prompt
@@ -79,6 +80,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=48)
     ap.add_argument("--timing-prompts", type=int, default=4, help="prompts timed at batch 1 per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variant", default="bf16", choices=["bf16", "int8", "int8-bf16"],
+                    help="what is compared with fp32: the bf16 backbone, an int8 weight-only backbone (fp32 "
+                         "activations), or both")
     ap.add_argument("--json", default=None, help="write the full result here")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     a = ap.parse_args()
@@ -90,10 +94,17 @@ def main() -> None:
             raise SystemExit(f"{a.demo}/cache has no {name} stage: run `python -m dsl_llada demo --quick --out {a.demo}`")
     base = demo.pretrained(train).eval()
     dsl = demo.adapted(base, train, "dsl").eval()
-    models = {"float32": {"base": base, "dsl": dsl},
-              "bfloat16": {k: cast_for_inference(copy.deepcopy(m), torch.bfloat16) for k, m in
-                           {"base": base, "dsl": dsl}.items()}}
-    env = environment_record(device="cpu", dtype="float32 vs bfloat16", seeds=[demo.cfg.seed])
+    def variant(m):
+        m = copy.deepcopy(m)
+        if a.variant in ("bf16", "int8-bf16"):
+            m = cast_for_inference(m, torch.bfloat16)
+        if a.variant in ("int8", "int8-bf16"):
+            quantize_backbone(m, "int8")
+        return m
+
+    # "bfloat16" below is the variant under test (the key keeps the result format of the bf16 run)
+    models = {"float32": {"base": base, "dsl": dsl}, "bfloat16": {k: variant(m) for k, m in {"base": base, "dsl": dsl}.items()}}
+    env = environment_record(device="cpu", dtype=f"float32 vs {a.variant}", seeds=[demo.cfg.seed])
     prompt_ids = [demo.tok.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in evals]
     methods = [m for m in PAPER_METHODS if m.name in METHODS]
     rows = []
@@ -123,7 +134,7 @@ def main() -> None:
                                        batch_size=1, seed_of=lambda i: i):
                 pass
             times[dt].append((time.perf_counter() - t) / a.timing_prompts)
-    result = {"env": finish_record(env), "n_open": a.n_open, "n_summarize": a.n_summarize, "rows": rows,
+    result = {"env": finish_record(env), "variant": a.variant, "n_open": a.n_open, "n_summarize": a.n_summarize, "rows": rows,
               "fixclean": fixclean, "toy_seconds_per_sample_b1_nfe16": times,
               "toy_model": {"d_model": demo.cfg.d_model, "n_layers": demo.cfg.n_layers, "vocab": demo.world.vocab_size}}
     if a.json:
@@ -131,7 +142,9 @@ def main() -> None:
     text = render(result, a)
     print(text)
     if a.write:
-        write_section("bf16 vs fp32 on the toy world (quality)", text)
+        title = {"bf16": "bf16 vs fp32 on the toy world (quality)", "int8": "int8 weight-only vs fp32 on the toy world",
+                 "int8-bf16": "int8 weight-only + bf16 vs fp32 on the toy world"}[a.variant]
+        write_section(title, text)
 
 
 def fmt(b, spec=".2f"):
@@ -142,18 +155,21 @@ def fmt(b, spec=".2f"):
 
 def render(result, a) -> str:
     env = result["env"]
+    v = result["variant"]
+    what = {"bf16": "bf16 backbone", "int8": "int8 weight-only backbone (fp32 activations)",
+            "int8-bf16": "int8 weight-only backbone with bf16 activations"}[v]
     lines = [f"Command: `python benchmarks/bench_precision.py --demo DIR --n-open {a.n_open} --n-summarize "
-             f"{a.n_summarize} --nfe {' '.join(map(str, a.nfe))}` on the quick demo's checkpoints; {env['cpu_model']} "
+             f"{a.n_summarize} --variant {v} --nfe {' '.join(map(str, a.nfe))}` on the quick demo's checkpoints; {env['cpu_model']} "
              f"({env['cpu_capability']}, native bf16 {env['cpu_native_bf16']}), {env['threads']['intra_op']} threads, "
              f"torch {env['libraries']['torch']}, load {env['load_average_start']} -> {env['load_average_end']} "
-             f"(shared machine). Backbone fp32 vs bf16; converter softmax, posterior mean and SDE state fp32 in both. "
+             f"(shared machine). fp32 vs {what}; converter softmax, posterior mean and SDE state fp32 in both. "
              f"Bootstrap 95 % intervals over prompts (2000 paired resamples).", "",
-             "| method | NFE | PPL fp32 [CI] | PPL bf16 [CI] | bf16 - fp32 [CI] | ROUGE-L fp32 [CI] | ROUGE-L bf16 [CI] "
+             f"| method | NFE | PPL fp32 [CI] | PPL {v} [CI] | {v} - fp32 [CI] | ROUGE-L fp32 [CI] | ROUGE-L {v} [CI] "
              "| diff [CI] | identical tokens | identical samples |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['method']} | {r['nfe']} | {fmt(r['ppl_open'])} | {fmt(r['rougeL'], '.1f')} | "
                      f"{100 * r['identical_tokens']:.2f} % | {100 * r['identical_samples']:.1f} % |")
-    lines += ["", "Random-token error correction (Fix / Clean %, fp32 -> bf16):", "", "| model | corrupted | Fix | Clean |",
+    lines += ["", f"Random-token error correction (Fix / Clean %, fp32 -> {v}):", "", "| model | corrupted | Fix | Clean |",
               "|---|---|---|---|"]
     for x, y in zip(result["fixclean"]["float32"], result["fixclean"]["bfloat16"]):
         lines.append(f"| {x['model']} | {x['rate']:.0%} | {x['fix']:.1f} -> {y['fix']:.1f} | "
@@ -162,9 +178,9 @@ def render(result, a) -> str:
     m32, m16 = statistics.median(t["float32"]), statistics.median(t["bfloat16"])
     tm = result["toy_model"]
     lines += ["", f"Toy model (d {tm['d_model']}, {tm['n_layers']} layers, V {tm['vocab']}) DSL-SDE NFE 16 at batch 1: "
-              f"fp32 {1000 * m32:.1f} ms, bf16 {1000 * m16:.1f} ms per sample (medians of {len(t['float32'])} alternating rounds; ratio "
-              f"{m32 / m16:.2f}x). The toy model is too small for bf16 to pay; the speed figures are in the "
-              f"LLaDA-shaped section."]
+              f"fp32 {1000 * m32:.1f} ms, {v} {1000 * m16:.1f} ms per sample (medians of {len(t['float32'])} alternating rounds; ratio "
+              f"{m32 / m16:.2f}x). The toy model is too small for this to measure speed; see the "
+              f"LLaDA-shaped sections."]
     return "\n".join(lines)
 
 

@@ -29,15 +29,23 @@ class QuantizationUnavailable(ValueError):
 
 
 def _int8_config():
-    try:
-        import warnings
+    import warnings
 
+    # torchao's import logs a warning per CUDA kernel library it cannot load on a CPU-only torch; none is used here
+    quiet = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in quiet]
+    try:
+        for lg in quiet:
+            lg.setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except ImportError as e:
         raise QuantizationUnavailable(f"--quantize int8 needs torchao (pip install 'dsl-llada[quantize]' or pip "
                                       f"install torchao): {e}") from None
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
     return quantize_, Int8WeightOnlyConfig()
 
 
