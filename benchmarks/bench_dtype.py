@@ -36,6 +36,7 @@ SHAPES = {
     "real": dict(d_model=4096, n_heads=32, n_layers=1, mlp_hidden_size=12288, vocab=126464),
 }
 PROMPT, RESPONSE, NOISE_DIM, TOP_M = 128, 128, 100, 512
+PARTS = ("blocks", "head", "converter", "top_m_posterior", "call")
 
 
 def build(shape: str, dtype: torch.dtype, layers: int | None):
@@ -100,7 +101,7 @@ def timed(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
-def _parts(model, s, dtype, batch, reps, peak, cfg) -> dict:
+def _parts(model, s, dtype, batch, reps, peak, cfg, parts=PARTS) -> dict:
     """One denoiser call at gamma 5 split into its parts (median of `reps` each), with their FLOP times."""
     from benchlib import random_prompts
 
@@ -126,12 +127,11 @@ def _parts(model, s, dtype, batch, reps, peak, cfg) -> dict:
 
         xl = t.ln_f(blocks()[:, PROMPT:])
         logits = torch.nn.functional.linear(xl, t.ff_out.weight)
-        sec = {"converter": timed(lambda: model.converter(gamma * y, den.noise_table, den.beta,
-                                                          workspace=den.workspace), reps),
-               "blocks": timed(blocks, reps),
-               "head": timed(lambda: torch.nn.functional.linear(xl, t.ff_out.weight), reps),
-               "top_m_posterior": timed(lambda: model.posterior_mean(logits, TOP_M, den.noise_table), reps),
-               "call": timed(lambda: den(y, gamma), reps)}
+        fns = {"converter": lambda: model.converter(gamma * y, den.noise_table, den.beta, workspace=den.workspace),
+               "blocks": blocks, "head": lambda: torch.nn.functional.linear(xl, t.ff_out.weight),
+               "top_m_posterior": lambda: model.posterior_mean(logits, TOP_M, den.noise_table),
+               "call": lambda: den(y, gamma)}
+        sec = {k: timed(f, reps) for k, f in fns.items() if k in parts}
     fl = flops(s, batch)
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
     flop_time = {"blocks": fl["blocks"] / (peak[name] * 1e9), "head": fl["head"] / (peak[name] * 1e9),
@@ -185,7 +185,7 @@ def child(a) -> dict:
                for n in dtypes}
         for batch in a.batches:
             for n, dt in dtypes.items():
-                per[n]["parts"][str(batch)] = _parts(models[n], s, dt, batch, a.reps, peak, cfg)
+                per[n]["parts"][str(batch)] = _parts(models[n], s, dt, batch, a.reps, peak, cfg, a.parts)
             if a.samples:
                 for n in dtypes:
                     per[n]["samples"][str(batch)] = _samples(models[n], batch)
@@ -205,6 +205,7 @@ def parent(a) -> dict:
         cmd = [sys.executable, __file__, "--child", "--shape", a.shape, "--child-dtypes", *dtypes, "--threads",
                str(a.threads), "--reps", str(a.reps), "--rounds", str(rounds), "--batches", *map(str, a.batches)]
         cmd += (["--layers", str(a.layers)] if a.layers else []) + (["--samples"] if a.samples else [])
+        cmd += ["--parts", *a.parts]
         res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
         if res.returncode != 0:
             raise SystemExit(f"child {dtypes} failed (exit {res.returncode})")
@@ -252,7 +253,9 @@ def render(result: dict) -> str:
                   f"FLOP time):", "", "| part | " + " | ".join(f"{dt} ms | {dt} / FLOP time" for dt in dts)
                   + (" | fp32 / bf16 |" if len(dts) == 2 else " |"),
                   "|---|" + "---|---|" * len(dts) + ("---|" if len(dts) == 2 else "")]
-        for part in ("blocks", "head", "converter", "top_m_posterior", "call"):
+        for part in PARTS:
+            if part not in runs[0]["parts"][str(b)]["seconds"]:
+                continue
             cells, meds = [], []
             for dt in dts:
                 m = med([r["parts"][str(b)]["seconds"][part] for r in by[dt]])
@@ -290,6 +293,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="timed repeats per part (median)")
     ap.add_argument("--samples", action="store_true", help="also time whole samples (small shape)")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="which parts to time")
     ap.add_argument("--json", default=None)
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
