@@ -31,9 +31,9 @@ class Loaded:
 
 
 def resolve_dtype(spec: ModelSpec, device: str) -> torch.dtype:
-    from ..loading import resolve_dtype
+    from ..loading import resolve_dtype as dtype_of
 
-    return resolve_dtype(spec.dtype, device)
+    return dtype_of(spec.dtype, device)
 
 
 def load_tokenizer_for(spec: ModelSpec):
