@@ -182,3 +182,19 @@ def test_converter_memory_stays_chunked_at_batch_8():
     assert [tuple(b.shape) for b in ws._buffers.values()] == [(256, 301)]
     assert h.shape == (8, 128, model.backbone.hidden_size)
     assert torch.allclose(h, whole, atol=1e-6)
+
+
+def test_posterior_mean_reuses_one_fp32_buffer_for_bf16_logits():
+    from dsl_llada.numerics import Workspace
+
+    E = torch.nn.functional.normalize(torch.randn(600, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+    ws = Workspace()
+    ptrs = set()
+    for seed in (0, 1, 2):
+        logits = (3 * torch.randn(2, 5, 600, generator=torch.Generator().manual_seed(seed))).to(torch.bfloat16)
+        out = posterior_mean(logits, E, top_m=16, chunk=4, workspace=ws)
+        assert torch.equal(out, posterior_mean(logits, E, top_m=16, chunk=4))  # the buffer changes no value
+        ptrs.update(b.data_ptr() for name, b in ws._buffers.items() if name.startswith("posterior"))
+    assert len(ptrs) == 1  # one (chunk, V) buffer (the last 2-row chunk uses its first rows), reused by every call
+    posterior_mean(logits.float(), E, top_m=16, workspace=(ws32 := Workspace()))
+    assert ws32._buffers == {}  # fp32 logits are read in place: no copy, no buffer

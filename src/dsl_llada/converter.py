@@ -299,12 +299,15 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return v, cols.view(rows, width).gather(1, j)
 
 
-def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 256) -> torch.Tensor:
+def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 256,
+                   workspace: Workspace | None = None) -> torch.Tensor:
     """Clean-token embedding estimate ê = sum_{v in top-M} p̃_v e_v (paper §3.2). logits (..., V) -> (..., d) fp32.
 
     Rows are processed `chunk` at a time (each row independently: the chunk size changes no value), so the fp32
     working set stays chunk x V (130 MB at V = 126,464) whatever the batch. top_m = 0 uses the full softmax.
-    Renormalising the top-M probabilities equals a softmax over the top-M logits;
+    `workspace` (inference) keeps the fp32 copy of a chunk of bf16/fp16 logits between calls (no fresh 16-130 MB
+    allocation, so no page faults, per call). Renormalising the top-M probabilities equals a softmax over the top-M
+    logits;
     the gather of the M rows of E and their weighted sum are one `embedding_bag` per chunk of positions.
     """
     lead = logits.shape[:-1]
@@ -314,7 +317,13 @@ def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chun
     E32 = E.float()
     outs = []
     for s in range(0, flat.shape[0], chunk):
-        lc = flat[s: s + chunk].float()
+        part = flat[s: s + chunk]
+        if workspace is not None and part.dtype != torch.float32:
+            buf = workspace.get("posterior.logits32", (min(chunk, flat.shape[0]), flat.shape[1]), torch.float32,
+                                part.device)
+            lc = buf[: part.shape[0]].copy_(part)
+        else:
+            lc = part.float()
         if top_m and top_m < lc.shape[-1]:
             vals, idx = top_m_values(lc, top_m)
             p = flush_tiny(torch.softmax(vals, dim=-1))

@@ -22,6 +22,7 @@ from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenize
     write_safetensors
 from .config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
+from .numerics import Workspace
 from .errors import CheckpointError
 from .utils import atomic_directory
 
@@ -148,9 +149,10 @@ class DSLModel(nn.Module):
         """Discrete path: token ids through the backbone's own input embedding (as the authors' remasking)."""
         return self.backbone(self.backbone.embed(ids), attention_mask, positions=positions)
 
-    def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None) -> torch.Tensor:
+    def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None,
+                       workspace: Workspace | None = None) -> torch.Tensor:
         """Denoiser: top-M renormalised posterior mean over the noise embedding, (..., V) -> (..., d)."""
-        return posterior_mean(logits, self.unit_noise() if E is None else E, top_m)
+        return posterior_mean(logits, self.unit_noise() if E is None else E, top_m, workspace=workspace)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def dsl_state_dict(self) -> dict[str, torch.Tensor]:
