@@ -69,31 +69,31 @@ def test_every_sampler_config_field_has_a_flag():
 
 
 def _choice(argv):
-    from dsl_llada.cli import _sampler_choice
+    from dsl_llada.cli import _sampler_config
 
-    return _sampler_choice(build_parser().parse_args(["generate", "--model", "m", *argv]))
+    return _sampler_config(build_parser().parse_args(["generate", "--model", "m", *argv]))
 
 
 def test_generate_flags_build_the_configs():
-    assert _choice([]).config == SDEConfig()
+    assert _choice([]) == SDEConfig()
     c = _choice(["--sampler", "block-sde", "--nfe", "8", "--gen-length", "32", "--block-length", "8", "--eta", "0",
                  "--predictor-noise", "--no-truncate", "--gamma-min", "0.05"])
-    assert c.name == "block-sde"
-    assert c.config == SDEConfig(nfe=8, gen_length=32, block_length=8, eta=0.0, predictor_noise=True,
+    assert c.sampler_name == "block-sde"
+    assert c == SDEConfig(nfe=8, gen_length=32, block_length=8, eta=0.0, predictor_noise=True,
                                  truncate_at_eos=False, gamma_min=0.05)
     r = _choice(["--sampler", "remdm", "--steps", "8", "--gen-length", "16", "--eos-inf", "--remdm-t-on", "0.7",
                  "--remasking", "random", "--temperature", "0.5", "--no-truncate-at-eos"])
-    assert r.name == "remdm"
-    assert r.config == RemaskConfig(steps=8, gen_length=16, eos_inf=True, remdm=True, remdm_t_on=0.7,
+    assert r.sampler_name == "remdm"
+    assert r == RemaskConfig(steps=8, gen_length=16, eos_inf=True, remdm=True, remdm_t_on=0.7,
                                     remasking="random", temperature=0.5, truncate_at_eos=False)
-    assert _choice(["--sampler", "remask", "--steps", "8"]).config == RemaskConfig(steps=8)
+    assert _choice(["--sampler", "remask", "--steps", "8"]) == RemaskConfig(steps=8)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--sampler", "sde", "--steps", "8"], "--steps does not apply here: SDEConfig has no such field"),
     (["--sampler", "remask", "--nfe", "8", "--top-m", "4"], "--nfe, --top-m do not apply here: RemaskConfig"),
-    (["--sampler", "block-sde"], "--sampler block-sde needs --block-length > 0"),
-    (["--sampler", "sde", "--block-length", "4"], "use --sampler block-sde"),
+    (["--sampler", "block-sde"], "--block-length: sampler 'block-sde' needs block_length > 0"),
+    (["--sampler", "sde", "--block-length", "4"], r"--block-length: sampler 'sde' needs block_length = 0 \(block_length > 0 runs"),
 ])
 def test_flags_of_the_other_config_are_errors(argv, message):
     with pytest.raises(ValueError, match=message):

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-__all__ = ["add_config_args", "config_from_args", "field_docs", "given_fields"]
+__all__ = ["add_config_args", "config_from_args", "field_docs", "flag_name", "given_config_fields", "given_fields"]
 
 
 @functools.cache
@@ -111,16 +111,24 @@ def given_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
-def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[type] = (), **fixed: Any) -> Any:
-    """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
+def flag_name(field: str) -> str:
+    """The command-line flag of config field `field` ('block_length' -> '--block-length')."""
+    return _flag(field)
 
-    others: config classes whose flags share the parser; one of their fields given on the command line that `cls`
-    does not have is a ValueError naming the flag (it would otherwise be silently ignored).
-    """
+
+def given_config_fields(cls: type, args: argparse.Namespace, *, others: Iterable[type] = ()) -> dict[str, Any]:
+    """The fields of `cls` given on the command line; a field of one of `others` (config classes whose flags share
+    the parser) that `cls` does not have is a ValueError naming the flag (it would otherwise be silently ignored)."""
     own = {f.name for f in dataclasses.fields(cls)}
     stray = sorted({n for other in others for n in given_fields(other, args)} - own)
     if stray:
         flags = ", ".join(_flag(n) for n in stray)
         raise ValueError(f"{flags} {'does' if len(stray) == 1 else 'do'} not apply here: {cls.__name__} has no such "
                          f"field (its flags: {', '.join(_flag(n) for n in sorted(own & set(field_docs(cls))))})")
-    return cls(**{**given_fields(cls, args), **fixed})
+    return given_fields(cls, args)
+
+
+def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[type] = (), **fixed: Any) -> Any:
+    """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
+    others: as `given_config_fields`."""
+    return cls(**{**given_config_fields(cls, args, others=others), **fixed})

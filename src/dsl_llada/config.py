@@ -157,6 +157,9 @@ class DSLConfig(ConfigBase):
                f"backbone_type={self.backbone_type!r} must be a backbone family name (e.g. 'llada', 'dream') or None")
 
 
+SDE, BLOCK_SDE, REMASK, REMDM = "sde", "block-sde", "remask", "remdm"
+"""The sampler names a config's `sampler_name` returns; the table of samplers is `dsl_llada.sampling.registry`."""
+
 CacheMode = Literal["off", "prefix", "dual"]
 CACHE_MODES: tuple[str, ...] = ("off", "prefix", "dual")
 
@@ -245,7 +248,7 @@ class SDEConfig(ConfigBase):
     @property
     def sampler_name(self) -> str:
         """The method this config runs: 'block-sde' when block_length > 0, else 'sde'."""
-        return "block-sde" if self.block_length else "sde"
+        return BLOCK_SDE if self.block_length else SDE
 
     def resolved_eta(self) -> float:
         if self.eta is not None:
@@ -334,7 +337,7 @@ class RemaskConfig(ConfigBase):
     @property
     def sampler_name(self) -> str:
         """The method this config runs: 'remdm' when remdm is on, else 'remask'."""
-        return "remdm" if self.remdm else "remask"
+        return REMDM if self.remdm else REMASK
 
     @property
     def effective_block_length(self) -> int:
