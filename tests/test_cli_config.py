@@ -103,3 +103,37 @@ def test_flags_of_the_other_config_are_errors(argv, message):
 def test_config_validation_still_names_the_value():
     with pytest.raises(ConfigError, match="nfe=5"):
         _choice(["--nfe", "5"])
+
+
+def _convert(argv):
+    from dsl_llada.cli import _convert_config
+
+    return _convert_config(build_parser().parse_args(["convert", "backbone", "out", *argv]))
+
+
+def test_convert_flags_come_from_the_configs_and_keep_their_defaults():
+    from dsl_llada.config import ConverterConfig, DSLConfig
+
+    assert _convert([]) == DSLConfig()  # no default restated in the CLI: the dataclasses' own
+    cfg = _convert(["--noise-dim", "16", "--seed", "7", "--frozen-noise-embed", "--context-embedding", "wte",
+                    "--layout", "paper", "--beta-init", "5", "--value-bias-init", "torch_default"])
+    assert cfg == DSLConfig(converter=ConverterConfig(noise_dim=16, noise_seed=7, trainable_noise_embed=False,
+                                                      layout="paper", beta_init=5.0, value_bias_init="torch_default"),
+                            context_embedding="wte")
+    assert _convert(["--noise-seed", "3"]).converter.noise_seed == 3
+    with pytest.raises(ConfigError, match="noise_dim=0"):
+        _convert(["--noise-dim", "0"])
+
+
+def test_serve_flags_come_from_server_config():
+    from dsl_llada.cli_config import config_from_args
+    from dsl_llada.serve.settings import ServerConfig
+
+    def settings(*argv):
+        return config_from_args(ServerConfig, build_parser().parse_args(["serve", "--model", "m", *argv]))
+
+    assert settings() == ServerConfig()
+    assert settings("--max-batch", "3", "--max-wait-ms", "0", "--max-queue", "9", "--pad-batches") == ServerConfig(
+        max_batch=3, max_wait_ms=0.0, max_queue=9, pad_batches=True)
+    with pytest.raises(ConfigError, match="max_queue=0 must be >= 1"):
+        settings("--max-queue", "0")

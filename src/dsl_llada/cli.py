@@ -29,6 +29,17 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                     negative_aliases={"truncate_at_eos": "--no-truncate"})
 
 
+def _add_convert_args(p: argparse.ArgumentParser) -> None:
+    """`convert`'s model flags, one per field of ConverterConfig and DSLConfig (defaults are the dataclasses')."""
+    from .cli_config import add_config_args
+    from .config import ConverterConfig, DSLConfig
+
+    g = p.add_argument_group("DSL model", "the converter and noise embedding of the new checkpoint (dsl_config.json)")
+    add_config_args(g, (ConverterConfig, "converter"), negative_aliases={"trainable_noise_embed": "--frozen-noise-embed"},
+                    aliases={"noise_seed": "--seed"})
+    add_config_args(g, (DSLConfig, "model"), exclude=("converter", "backbone_type"))
+
+
 def _sampler_config(a: argparse.Namespace):
     """The config of `--sampler` and its flags, through the registry's parser (errors name the flag)."""
     from .cli_config import flag_name, given_config_fields
@@ -123,16 +134,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_config(a: argparse.Namespace):
+    """The DSL config of `convert`: ConverterConfig's and DSLConfig's flags (generated from the dataclasses)."""
+    from .cli_config import config_from_args, given_fields
+    from .config import ConverterConfig, DSLConfig
+
+    return DSLConfig(converter=config_from_args(ConverterConfig, a), **given_fields(DSLConfig, a))
+
+
 def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import load_backbone
-    from .config import ConverterConfig, DSLConfig
     from .loading import parse_dtype
     from .model import DSLModel
 
-    cfg = DSLConfig(converter=ConverterConfig(noise_dim=a.noise_dim, noise_init=a.noise_init, beta_init=a.beta_init,
-                                              layout=a.layout, trainable_noise_embed=not a.frozen_noise_embed,
-                                              noise_seed=a.seed),
-                    context_embedding=a.context_embedding)
+    cfg = _convert_config(a)
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
@@ -142,7 +157,8 @@ def cmd_convert(a: argparse.Namespace) -> int:
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
     model = DSLModel.convert(backbone, cfg)
     model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
-    print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
+    c = cfg.converter
+    print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
     return 0
 
 
@@ -188,14 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
-    c.add_argument("--noise-dim", type=int, default=100)
-    c.add_argument("--noise-init", default="random", choices=["random", "pca"])
-    c.add_argument("--beta-init", type=float, default=1.0)
-    c.add_argument("--layout", default="released", choices=["released", "paper"])
-    c.add_argument("--context-embedding", default="converter", choices=["converter", "wte"])
-    c.add_argument("--frozen-noise-embed", action="store_true", help="authors' frozen noise embedding")
-    c.add_argument("--seed", type=int, default=42, help="noise-embedding init seed")
-    c.add_argument("--dtype", default="float32")
+    c.add_argument("--dtype", default="float32", help="dtype the backbone is loaded and the checkpoint saved in")
+    _add_convert_args(c)
     c.set_defaults(func=cmd_convert)
 
     d = sub.add_parser("demo", help="the whole pipeline on the embedded toy world (CPU, minutes)")

@@ -60,12 +60,15 @@ def _fmt(value: Any) -> str:
 
 
 def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *configs: tuple[type, str],
-                    exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None) -> None:
+                    exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None,
+                    aliases: Mapping[str, str] | None = None) -> None:
     """Add one flag per field of each `(config class, label)`; a field shared by several classes is one flag whose
     help names each class's label (e.g. 'sde: ...; remask: ...' when their docstrings differ).
 
     exclude: field names that get no flag (set by the caller instead). negative_aliases: extra spellings that set a
-    boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines.
+    boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines. aliases:
+    a second spelling of a field's flag (e.g. {'noise_seed': '--seed'}). Hand-written options can be added to the
+    same parser before or after; they only must not reuse a field's flag.
     """
     skip = set(exclude)
     merged: dict[str, list[tuple[str, Any, str, Any]]] = {}  # field -> [(label, type, doc, default)]
@@ -95,11 +98,12 @@ def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         if len(labels) < len(configs):
             help_text = f"[{', '.join(labels)}] {help_text}"
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        spellings = [_flag(name), *([aliases[name]] if aliases and name in aliases else [])]
         if scalar is bool:
-            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(*spellings, action=argparse.BooleanOptionalAction, **kw)
         else:
             metavar = None if choices else scalar.__name__.upper()
-            parser.add_argument(_flag(name), type=scalar, choices=choices, metavar=metavar, **kw)
+            parser.add_argument(*spellings, type=scalar, choices=choices, metavar=metavar, **kw)
         alias = (negative_aliases or {}).get(name)
         if alias:
             parser.add_argument(alias, dest=name, action="store_false", default=argparse.SUPPRESS,
