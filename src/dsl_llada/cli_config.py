@@ -41,7 +41,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _kind(tp: Any) -> tuple[type, tuple | None]:
+def _kind(tp: Any) -> tuple[type, tuple[Any, ...] | None]:
     """(scalar type, choices or None) of a field annotation; `X | None` is X (None stays the config's default)."""
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -80,17 +80,17 @@ def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
                 continue
             if f.name not in docs:
                 raise TypeError(f"{cls.__name__}.{f.name} has no docstring; the CLI help is made from it")
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
             merged.setdefault(f.name, []).append((label, hints[f.name], docs[f.name], default))
     for name, entries in merged.items():
         kinds = {_kind(tp) for _, tp, _, _ in entries}
         if len(kinds) > 1:
             raise TypeError(f"field {name!r} has different types in {[lbl for lbl, *_ in entries]}: {kinds}")
         (scalar, choices), = kinds
-        docs = list(dict.fromkeys(doc for _, _, doc, _ in entries))
+        texts = list(dict.fromkeys(doc for _, _, doc, _ in entries))
         defaults = list(dict.fromkeys(repr(default) for *_, default in entries))
         if len(defaults) == 1:
-            text = docs[0] if len(docs) == 1 else "; ".join(f"{lbl}: {doc.rstrip('.')}" for lbl, _, doc, _ in entries)
+            text = texts[0] if len(texts) == 1 else "; ".join(f"{lbl}: {doc.rstrip('.')}" for lbl, _, doc, _ in entries)
             help_text = f"{_fmt(text)} (default: {_fmt(entries[0][3])})"
         else:
             help_text = "; ".join(f"{lbl}: {_fmt(doc)} (default: {_fmt(default)})" for lbl, _, doc, default in entries)

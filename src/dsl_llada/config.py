@@ -50,7 +50,7 @@ def read_config_file(path: str | Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _choice(name: str, value: Any, allowed: tuple) -> None:
+def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
 
 
@@ -79,7 +79,7 @@ class ConfigBase:
         kwargs: dict[str, Any] = {}
         for k, v in data.items():
             sub = cls._nested.get(k)
-            if sub is not None and isinstance(v, dict):
+            if sub is not None and isinstance(v, dict) and issubclass(sub, ConfigBase):
                 v = sub.from_dict(v)
             elif isinstance(v, list) and isinstance(names[k].default, tuple):
                 v = tuple(v)

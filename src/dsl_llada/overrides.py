@@ -33,7 +33,7 @@ def parse_override_value(text: str) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply dotted `key=value` overrides to a nested config dict (a new dict is returned)."""
-    out = json.loads(json.dumps(data))
+    out: dict[str, Any] = json.loads(json.dumps(data))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. lr=1e-4 or data.block_size=64)")
