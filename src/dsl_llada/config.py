@@ -178,7 +178,8 @@ class SDEConfig(ConfigBase):
     with the authors' sampler (noise in the Heun predictor, the code behind the paper's numbers)."""
 
     nfe: int = 64
-    """Solver model evaluations N (even); S = N/2 Heun steps; forward passes actually run = N + 1."""
+    """NFE N: model evaluations of the Heun solver per denoising window (the whole response, or one block of Block
+    SDE), even; S = N/2 steps; forward passes per window = N + 1 (docs/samplers.md, "Accounting")."""
     gen_length: int = 256
     """Response length L in tokens."""
     schedule: ScheduleName = "sensitive"

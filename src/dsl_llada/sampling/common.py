@@ -121,7 +121,8 @@ class SampleOutput:
     lengths: torch.Tensor
     """(B,) response length after truncation at the first EOS/EoT (L when truncation is off or none occurs)."""
     nfe: int
-    """Model evaluations as the paper counts them (SDE: 2S solver evaluations; discrete: steps)."""
+    """NFE of the whole response: the denoising steps' model evaluations, without the SDE's final decode (SDE:
+    2S per window, so (L/B)·2S for Block SDE; discrete: steps). docs/samplers.md, "Accounting"."""
     forward_passes: int
     """Backbone forward passes actually executed (SDE: 2S + 1; CFG doubles the discrete count)."""
     trajectory: list[torch.Tensor] | None = None
