@@ -191,14 +191,15 @@ def test_bertscore_identity_and_unrelated(minilm):
 
 
 def test_bertscore_order_batch_invariance_and_cache(minilm):
-    from dsl_llada.eval.scorers.bertscore import _SCORERS, bertscore
+    from dsl_llada.eval.scorers.bertscore import bertscore
+    from dsl_llada.eval.scorers.shared import _LOADED
 
     cands = ["a short one", "the weather today is sunny and warm across the whole country", "hello there",
              "prices rose", "the committee approved the new budget after a long debate"]
     refs = ["a short sentence", "sunny and warm weather is expected nationwide", "hi",
             "prices increased", "after debating for hours the committee passed the budget"]
     base = bertscore(cands, refs, model_dir=minilm, num_layers=4, batch_size=1)
-    s2 = _SCORERS[(str(minilm.resolve()), 4, "cpu", "None")]  # the encoder loaded above, reused
+    s2 = _LOADED[("bertscore", (str(minilm.resolve()), 4, "cpu", "None"))]  # the encoder loaded above, reused
     s2._cache.clear()
     s2.forward_pairs = 0
     perm = [3, 0, 4, 2, 1]
