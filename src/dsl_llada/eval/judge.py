@@ -142,9 +142,11 @@ def build_messages(pair: Pair, *, include_source: bool = False, system_prompt: s
     authors' prompt from a file) the template's ``{reference}``, ``{candidate_a}`` (shown first),
     ``{candidate_b}`` and ``{source}`` are replaced literally (JSON braces in the text stay as written)."""
     first, second = (pair.b, pair.a) if pair.swap else (pair.a, pair.b)
-    if user_template is not None:
-        user = (user_template.replace("{reference}", pair.a.reference).replace("{candidate_a}", first.output)
-                .replace("{candidate_b}", second.output).replace("{source}", pair.a.source or ""))
+    if user_template is not None:  # one pass, so a placeholder written inside a summary is never expanded
+        values = {"{reference}": pair.a.reference, "{candidate_a}": first.output, "{candidate_b}": second.output,
+                  "{source}": pair.a.source or ""}
+        user = re.sub(r"\{reference\}|\{candidate_a\}|\{candidate_b\}|\{source\}", lambda m: values[m.group(0)],
+                      user_template)
         return [{"role": "system", "content": system_prompt or ""}, {"role": "user", "content": user}]
     parts = []
     if include_source and pair.a.source:
