@@ -150,3 +150,25 @@ def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path, monkey
                                                  "most_common": "RuntimeError: synthetic failure of row 1",
                                                  "most_common_count": 1}
     assert res.failed_tasks(0.05) == ["generation"] and res.failed_tasks(0.5) == []
+
+
+def test_genppl_scorer_loaded_once_and_not_again_for_the_report(models, tmp_path):
+    """The run's report loads the scorer once; `eval report` in the same process reuses it, and in a fresh process
+    (shared models released) every text is in genppl_cache.jsonl, so the model is not loaded at all."""
+    from dsl_llada.eval.scorers import shared
+    from dsl_llada.eval.summary import write_report
+
+    task = gen_task(limit=3, gen_length=8)
+    task["options"] = {"scorer": {"path": str(models["ar"])}}
+    cfg = EvalConfig.from_dict(base_config(models, [task]))
+    shared.release_all()
+    before = shared.LOADS.get("causal-lm", 0)
+    run_eval(cfg, tmp_path / "run", progress=False)
+    assert shared.LOADS["causal-lm"] == before + 1
+    first = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["generation"]["rows"]
+    write_report(tmp_path / "run")
+    assert shared.LOADS["causal-lm"] == before + 1
+    shared.release_all()
+    again = write_report(tmp_path / "run")["tasks"]["generation"]["rows"]
+    assert shared.LOADS["causal-lm"] == before + 1  # all texts cached: no load
+    assert [r["genppl"] for r in again] == [r["genppl"] for r in first] and all(r["genppl"] for r in first)

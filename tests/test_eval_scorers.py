@@ -132,8 +132,8 @@ def test_scorer_folder_errors(tmp_path):
     enc = tmp_path / "bert"
     BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=32)).save_pretrained(enc)
-    with pytest.raises(ScorerError, match="not a causal LM"):
-        CausalLMScorer(enc)
+    with pytest.raises(ScorerError, match="not a causal LM"):  # found when the weights load (first text)
+        CausalLMScorer(enc).nll(["a b c"])
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))

@@ -141,11 +141,21 @@ class CausalLMScorer:
         return model, tokenizer
 
     def _check_location(self) -> None:
-        if not self.path.is_dir():
-            raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM folder "
-                              f"or a folder holding a .gguf file)")
-        if self.gguf_file is not None and not (self.path / self.gguf_file).is_file():
-            raise ScorerError(f"GGUF file {self.gguf_file!r} not found in {self.path}")
+        """The cheap checks of :meth:`_load` (folder, GGUF file, config and its model type), without weights; the
+        weights themselves (e.g. an encoder whose LM head would be random) are checked when first loaded."""
+        if self.gguf_file is not None:
+            if not self.path.is_dir():
+                raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM "
+                                  f"folder or a folder holding a .gguf file)")
+            if not (self.path / self.gguf_file).is_file():
+                raise ScorerError(f"GGUF file {self.gguf_file!r} not found in {self.path}")
+            return
+        from ..tasks.generation import check_scorer_option
+
+        try:
+            check_scorer_option({"path": str(self.path)})
+        except ScorerError as e:
+            raise ScorerError(str(e).replace("GenPPL scorer folder", "scorer folder")) from None
 
     def _ensure_loaded(self) -> None:
         if self._model is None:
