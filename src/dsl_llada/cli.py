@@ -137,12 +137,21 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    from .locks import output_lock
     from .outputs import prepare_output_dir
+    from .utils import remove_stale_temp_folders
 
-    prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
-    backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
-    model = DSLModel.convert(backbone, cfg)
-    model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
+    with output_lock(a.output, what="output folder"):  # one writer per output, before anything is written
+        prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
+        removed, kept = remove_stale_temp_folders(a.output)
+        for p in removed:
+            print(f"note: removed {str(p)!r}, a temp folder left by an interrupted convert", file=sys.stderr)
+        for p in kept:
+            print(f"warning: {str(p)!r} looks like a temp folder of an interrupted convert but holds other files; "
+                  f"left alone — remove it yourself", file=sys.stderr)
+        backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
+        model = DSLModel.convert(backbone, cfg)
+        model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
     print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
     return 0
 
