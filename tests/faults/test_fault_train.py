@@ -167,3 +167,14 @@ def test_an_explicitly_resumed_damaged_checkpoint_is_one_line(run4, tmp_path, ca
     (line,) = error_lines(capsys.readouterr().err)
     assert str(path) in line, line
     assert snapshot(out) == before and not (tmp_path / "branch").exists()
+
+
+# -- 8, 11: a run killed while saving leaves a temp folder; the next run (holding the lock) removes it ----------------------
+def test_temp_folders_of_a_killed_save_are_removed_by_the_next_run(run4, tmp_path, caplog):
+    out = copy_run(run4, tmp_path / "run")
+    for name in (".checkpoint-99.tmp", ".final.tmp"):
+        (out / name / "trainer_state").mkdir(parents=True)
+        (out / name / "trainer_state" / "state.json").write_text("{")
+    assert main(train_argv(out, "max_steps=5", "save_every=2")) == 0
+    assert not (out / ".checkpoint-99.tmp").exists() and not (out / ".final.tmp").exists()
+    assert "temp folder left by an interrupted save" in caplog.text

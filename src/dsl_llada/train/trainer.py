@@ -367,6 +367,11 @@ class Trainer:
             self.last_checkpoint, self.last_saved_step = self.resume_from, start
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            for p in sorted(self.output_dir.glob(".checkpoint-*.tmp")) + sorted(self.output_dir.glob(".checkpoint-*.old")) \
+                    + sorted(self.output_dir.glob(".final.*")):
+                if p.is_dir() and not p.is_symlink():  # left by a run killed while saving (this run holds the lock)
+                    logger.warning("removing %s, a temp folder left by an interrupted save", p)
+                    shutil.rmtree(p)
             for p in self.branch_discards:  # --overwrite: the checkpoints after the one this run branches from
                 logger.warning("removing %s (--overwrite: newer than the checkpoint this run resumes from)", p)
                 shutil.rmtree(p)
