@@ -36,14 +36,52 @@ def _holder(lock: Path) -> str:
 @contextlib.contextmanager
 def output_lock(path: str | Path, *, what: str = "output") -> Iterator[Path]:
     """Hold the exclusive lock of `path` for the block (see the module docstring). Raises OutputError when another
-    process holds it. Creates the parent folder of `path` if needed (nothing else)."""
+    process holds it. Creates the parent folder of `path` if needed (removed again, when still empty, if the block
+    raises: a refused command leaves nothing behind)."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401  (POSIX only)
     except ImportError:  # pragma: no cover - not POSIX
         yield lock_path(path)
         return
     lock = lock_path(path)
+    created = []  # missing ancestors made for the lock file: removed again when the command fails
+    p = lock.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
     lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = _acquire(lock, path, what)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield lock
+    except BaseException:
+        _release(fd, lock)
+        _remove_empty(created)
+        raise
+    else:
+        _release(fd, lock)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for f in folders:  # deepest first
+        with contextlib.suppress(OSError):
+            f.rmdir()
+
+
+def _release(fd: int, lock: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(lock)
+    os.close(fd)
+
+
+def _acquire(lock: Path, path: str | Path, what: str) -> int:
+    import fcntl
+
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -60,13 +98,5 @@ def output_lock(path: str | Path, *, what: str = "output") -> Iterator[Path]:
         except FileNotFoundError:
             same = False
         if same:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield lock
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)
+            return fd
         os.close(fd)
