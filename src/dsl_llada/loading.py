@@ -172,7 +172,7 @@ def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_templ
     message, encoded as plain text."""
     if not messages:
         raise ValueError("messages is empty; expected at least one {'role', 'content'} message")
-    contents = [m.get("content") for m in messages]
+    contents: list[Any] = [m.get("content") for m in messages]  # all str after the check below
     if not all(isinstance(c, str) for c in contents):
         raise ValueError("every message needs a string 'content'")
     if not (chat_template and getattr(tokenizer, "chat_template", None)):
