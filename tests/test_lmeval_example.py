@@ -55,6 +55,6 @@ def test_documented_lm_eval_example_runs_and_prints_the_documented_table(tmp_pat
 
     snippet = _block("python").replace("/tmp/lmeval-tiny", str(out))
     ns: dict = {}
-    exec(compile(snippet, "docs/evaluation.md:lmeval-example:python", "exec"), ns)  # noqa: S102  (our own docs)
+    exec(compile(snippet, "docs/evaluation.md:lmeval-example:python", "exec"), ns)
     assert ns["res"]["results"]["gsm_local"]["exact_match,none"] == res["exact_match,none"]
     assert ns["res"]["n-samples"]["gsm_local"]["effective"] == 4
