@@ -41,7 +41,8 @@ PARTS = ("blocks", "head", "converter", "top_m_posterior", "call")
 
 def build(shape: str, dtype: torch.dtype, layers: int | None):
     """A random LLaDA-architecture DSL model built directly in `dtype` (never an fp32 copy of a bf16 model's
-    backbone: the parameters are allocated on the meta device, then materialised in `dtype`)."""
+    backbone: the parameters are allocated on the meta device, then materialised in `dtype`). Same seed, same
+    values: the bf16 model's weights are the fp32 model's rounded to bf16."""
     from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
     from dsl_llada.config import ConverterConfig, DSLConfig
     from dsl_llada.model import DSLModel
@@ -60,9 +61,10 @@ def build(shape: str, dtype: torch.dtype, layers: int | None):
             if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
                 p.fill_(1.0)
             else:
-                for row in range(0, p.shape[0], 4096):  # in slices: no full-size fp32 temporary
-                    p[row: row + 4096].normal_(0.0, 0.5 if "ff_out" in name and p.shape[0] == s["vocab"] else 0.02,
-                                               generator=g)
+                std = 0.5 if "ff_out" in name and p.shape[0] == s["vocab"] else 0.02
+                for row in range(0, p.shape[0], 4096):  # drawn in fp32 slices (no full-size fp32 temporary), then
+                    part = p[row: row + 4096]  # rounded into `dtype`: the bf16 model is the fp32 model rounded
+                    part.copy_(torch.empty(part.shape).normal_(0.0, std, generator=g))
     bb.eval()
     model = DSLModel.convert(bb, DSLConfig(converter=ConverterConfig(noise_dim=NOISE_DIM), context_embedding="wte"))
     return model.eval(), s
