@@ -93,6 +93,29 @@ def flops(s: dict, batch: int) -> dict[str, float]:
             "converter_slots": 2.0 * batch * W * NOISE_DIM * (V + 1), "converter_values": 2.0 * batch * W * (V + 1) * d}
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux: VmHWM via /proc/self/clear_refs), so a later reading is the peak of
+    what ran since; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """VmHWM from /proc/self/status (honours `reset_peak_rss`), else getrusage's lifetime peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def timed(fn, reps: int) -> float:
     fn()
     ts = []
@@ -187,7 +210,10 @@ def child(a) -> dict:
                for n in dtypes}
         for batch in a.batches:
             for n, dt in dtypes.items():
+                reset = reset_peak_rss()
                 per[n]["parts"][str(batch)] = _parts(models[n], s, dt, batch, a.reps, peak, cfg, a.parts)
+                if reset:  # the peak of this batch's calls alone (the model included), not of the build
+                    per[n]["parts"][str(batch)]["peak_rss_mib"] = peak_rss_mib()
             if a.samples:
                 for n in dtypes:
                     per[n]["samples"][str(batch)] = _samples(models[n], batch)
@@ -267,6 +293,10 @@ def render(result: dict) -> str:
                 cells.append(f"{1000 * m[0]:.1f} [{1000 * m[1]:.1f}, {1000 * m[2]:.1f}] | {ratio}")
             lines.append(f"| {part} | " + " | ".join(cells) + (f" | {meds[0] / meds[1]:.2f}x |" if len(dts) == 2 else " |"))
         lines.append("")
+    for b in result["batches"]:
+        if "peak_rss_mib" in runs[0]["parts"][str(b)]:
+            lines.append(f"Peak RSS while the batch-{b} calls ran (model included; build transients excluded): " + ", ".join(
+                f"{dt} {med([r['parts'][str(b)]['peak_rss_mib'] for r in by[dt]])[0]:.0f} MiB" for dt in dts) + ".")
     lines.append(("Peak RSS of the process holding both models (MiB): " if result["shape"] == "small" else
                   "Peak RSS (MiB): ") + ", ".join(f"{dt} {med([r['peak_rss_mib'] for r in by[dt]])[0]:.0f} (model "
                                                 f"built: {med([r['rss_after_build_mib'] for r in by[dt]])[0]:.0f})"
