@@ -221,8 +221,8 @@ def child(a) -> dict:
             per[n]["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             per[n]["env"] = finish_record(env)
             runs.append(per[n])
-        print(f"round {r}: " + ", ".join(f"{n} call b{a.batches[0]} {per[n]['parts'][str(a.batches[0])]['seconds']['call']:.3f} s"
-                                          for n in dtypes) + f", load {per[n]['env']['load_average_end']}", file=sys.stderr)
+        print(f"round {r}: " + ", ".join(f"{n} b{a.batches[0]} {per[n]['parts'][str(a.batches[0])]['seconds']}" for n in dtypes)
+              + f", load {per[n]['env']['load_average_end']}", file=sys.stderr)
     return {"runs": runs}
 
 
