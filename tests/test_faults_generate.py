@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from faults_helpers import CONTEXT, error_lines, make_backbone_dir
 
-import dsl_llada.generation as generation_mod
+import dsl_llada.sampling.batches as batches_mod
 import dsl_llada.records as records_mod
 from dsl_llada.cli import main
 
@@ -60,13 +60,13 @@ def lines(path: Path) -> list[dict]:
 
 def before_each_batch(monkeypatch, check) -> None:
     """Call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a fault)."""
-    real = generation_mod.run_sampler
+    real = batches_mod.run_batch
 
-    def wrapped(model_, batch, choice, *, generator=None, progress=False):
-        check([g.initial_seed() - 42 for g in generator])
-        return real(model_, batch, choice, generator=generator, progress=progress)
+    def wrapped(model_, prompt_ids, config, seeds, **kw):
+        check([s - 42 for s in seeds])
+        return real(model_, prompt_ids, config, seeds, **kw)
 
-    monkeypatch.setattr(generation_mod, "run_sampler", wrapped)
+    monkeypatch.setattr(batches_mod, "run_batch", wrapped)
 
 
 def interrupted_then_resumed(monkeypatch, owner, name, fault, argv, *, rc, reference, n_kept, capsys) -> str:
@@ -103,7 +103,7 @@ def no_sampling(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("sampling started before validation finished")
 
-    monkeypatch.setattr(generation_mod, "run_sampler", refuse)
+    monkeypatch.setattr(batches_mod, "run_batch", refuse)
 
 
 def test_output_that_is_a_folder_or_unwritable_fails_before_sampling(model, prompts_file, tmp_path, capsys, no_sampling):
@@ -250,7 +250,7 @@ def test_ctrl_c_keeps_finished_batches_and_says_so(model, prompts_file, referenc
         return run
 
     out = tmp_path / "o.jsonl"
-    err = interrupted_then_resumed(monkeypatch, generation_mod, "run_sampler", interrupt_third,
+    err = interrupted_then_resumed(monkeypatch, batches_mod, "run_batch", interrupt_third,
                                    args(model, prompts_file, out), rc=130, reference=reference, n_kept=6, capsys=capsys)
     assert f"6 of {N} records are saved in {out}" in err
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from faults_helpers import error_lines, make_backbone_dir
 
-import dsl_llada.generation as generation_mod
+import dsl_llada.sampling.batches as batches_mod
 from dsl_llada.cli import build_parser, main
 from dsl_llada.records import RecordFile
 
@@ -57,14 +57,14 @@ def snapshot(out: Path) -> dict[str, bytes]:
 
 def failing(monkeypatch, bad: set[int]) -> None:
     """Every sampler run that includes a prompt of `bad` raises a runtime error (an OOM, a broken layer)."""
-    real = generation_mod.run_sampler
+    real = batches_mod.run_batch
 
-    def wrapped(model_, batch, choice, *, generator=None, progress=False):
-        if {g.initial_seed() - 42 for g in generator} & bad:
+    def wrapped(model_, prompt_ids, config, seeds, **kw):
+        if {s - 42 for s in seeds} & bad:
             raise RuntimeError("simulated failure")
-        return real(model_, batch, choice, generator=generator, progress=progress)
+        return real(model_, prompt_ids, config, seeds, **kw)
 
-    monkeypatch.setattr(generation_mod, "run_sampler", wrapped)
+    monkeypatch.setattr(batches_mod, "run_batch", wrapped)
 
 
 @pytest.fixture
@@ -178,13 +178,13 @@ def test_failed_prompts_exit_1_and_a_rerun_retries_only_them(model, prompts_file
     assert [("error" in json.loads(x)) for x in out.read_text().splitlines()] == [i in (1, 4) for i in range(N)]
     monkeypatch.undo()
     ran = []
-    real = generation_mod.run_sampler
+    real = batches_mod.run_batch
 
-    def counting(model_, batch, choice, *, generator=None, progress=False):
-        ran.append([g.initial_seed() - 42 for g in generator])
-        return real(model_, batch, choice, generator=generator, progress=progress)
+    def counting(model_, prompt_ids, config, seeds, **kw):
+        ran.append([s - 42 for s in seeds])
+        return real(model_, prompt_ids, config, seeds, **kw)
 
-    monkeypatch.setattr(generation_mod, "run_sampler", counting)
+    monkeypatch.setattr(batches_mod, "run_batch", counting)
     assert main(args(model, prompts_file, out)) == 0
     err = capsys.readouterr().err
     assert f"resuming {out}: 4 of {N} prompts already done; retrying 2 that failed before" in err
