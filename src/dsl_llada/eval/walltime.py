@@ -54,17 +54,14 @@ class Timing:
 
 def time_diffusion_sample(model, tokenizer, prompt: str, choice, *, seed: int, chat_template: bool = True) -> Timing:
     """One timed sample through this project's samplers (batch size 1)."""
-    from ..generation import run_sampler
     from ..loading import encode_prompt
-    from ..sampling.common import PromptBatch
+    from ..sampling.batches import run_batch
 
     device = next(model.parameters()).device
     ids = encode_prompt(tokenizer, prompt, chat_template=chat_template)
-    batch = PromptBatch.from_lists([ids], pad_id=model.special.pad_id, device=device)
-    gen = [torch.Generator().manual_seed(seed)]
     _sync(device)
     t0 = time.perf_counter()
-    out = run_sampler(model, batch, choice, generator=gen)
+    out = run_batch(model, [ids], getattr(choice, "config", choice), [seed])
     _sync(device)
     dt = time.perf_counter() - t0
     resp = out.responses()[0]
