@@ -17,7 +17,7 @@ import pytest
 from faults_helpers import CONTEXT, error_lines, make_backbone_dir
 
 import dsl_llada.sampling.batches as batches_mod
-import dsl_llada.records as records_mod
+import dsl_llada.jsonl_log as jsonl_log_mod
 from dsl_llada.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def test_full_disk_while_appending_keeps_finished_records(model, prompts_file, r
         return write
 
     out = tmp_path / "o.jsonl"
-    err = interrupted_then_resumed(monkeypatch, records_mod, "_write_all", fill_up_on_second_batch,
+    err = interrupted_then_resumed(monkeypatch, jsonl_log_mod, "_write_all", fill_up_on_second_batch,
                                    args(model, prompts_file, out), rc=2, reference=reference, n_kept=3, capsys=capsys)
     found = error_lines(err)
     assert len(found) == 1 and "no space left on the device" in found[0] and str(out) in found[0]

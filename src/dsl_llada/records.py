@@ -29,20 +29,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import jsonl_log
 from .outputs import OutputError, check_writable
 from .utils import atomic_write_text
 
 __all__ = ["RecordFile", "settings_diff"]
 
 log = logging.getLogger(__name__)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a regular file may take a short write when the disk fills up)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _lock_holder(fd: int) -> int | None:
@@ -103,6 +96,7 @@ class RecordFile:
         self._fd: int | None = None
         self._created = False
         self._begun = False
+        self._log: jsonl_log.JsonlAppender | None = None
         self.written = 0
         """Records appended by this run."""
 
@@ -162,25 +156,14 @@ class RecordFile:
 
     @staticmethod
     def _read(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
-        """Records by index and the byte length of the complete lines (a partial last line is left out)."""
-        data = path.read_bytes()
-        valid = data.rfind(b"\n") + 1
-        done: dict[int, dict[str, Any]] = {}
-        for n, line in enumerate(data[:valid].split(b"\n")[:-1], start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise OutputError(f"{str(path)}:{n}: not a JSON record ({e}); fix or remove that line, or pass "
-                                  f"--overwrite to start again") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
-                raise OutputError(f"{str(path)}:{n}: a record needs an integer 'index'; fix or remove that line, or "
-                                  f"pass --overwrite to start again")
-            done[rec["index"]] = rec
-        if valid < len(data):
-            log.warning("%s: ignoring a partial last line (%d bytes, from an interrupted write)", path, len(data) - valid)
-        return done, valid
+        """Latest record by index and the byte length of the complete lines (a partial last line is left out)."""
+        try:
+            records, valid = jsonl_log.read(path, accept=lambda r: isinstance(r, dict) and isinstance(r.get("index"), int)
+                                            and not isinstance(r.get("index"), bool))
+        except ValueError as e:
+            raise OutputError(f"{e} (each line is one JSON record with an integer 'index'); or pass --overwrite to "
+                              f"start again") from None
+        return jsonl_log.done_keys(records, "index"), valid
 
     # -- writing --------------------------------------------------------------------------------------------------
     def begin(self) -> None:
@@ -190,8 +173,8 @@ class RecordFile:
             raise RuntimeError("RecordFile.begin after close")
         if self._fresh:
             atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
-        os.ftruncate(self._fd, self._valid_bytes)
-        os.fsync(self._fd)
+        self._log = jsonl_log.JsonlAppender(self.path, fd=self._fd, valid_bytes=self._valid_bytes, repair=False)
+        self._log.truncate(self._valid_bytes)  # a partial last line, or everything when starting afresh
         self._begun = True
 
     @property
@@ -200,19 +183,12 @@ class RecordFile:
         return {i for i, r in self.done.items() if "error" not in r}
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Append records as JSON lines with one write, flushed and fsynced. On failure (a full disk) the file is
-        cut back to its last complete record and the error re-raised naming the file."""
+        """Append records as whole JSON lines with one write, flushed and fsynced (`jsonl_log.JsonlAppender`). On
+        failure (a full disk) the file is cut back to its last complete record and the error re-raised naming the
+        file."""
         if not records:
             return
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-        try:
-            _write_all(self._fd, data)
-            os.fsync(self._fd)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._valid_bytes)
-            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
-        self._valid_bytes += len(data)
+        self._log.append(records)
         for r in records:
             self.done[r["index"]] = r
         self.written += len(records)
