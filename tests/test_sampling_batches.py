@@ -126,7 +126,7 @@ def test_run_batch_guards_against_nan_weights(model):
             p.mul_(float("nan"))
     with pytest.raises(NonFiniteLogitsError):
         run_batch(broken, PROMPTS[:2], CONFIGS[0], [1, 2])
-    with pytest.raises(NonFiniteStateError, match="NaN at step 0"):  # unguarded, the sampler's own check stops it
+    with pytest.raises(NonFiniteStateError, match="NaN at block step 0"):  # unguarded, the sampler's own check stops it
         run_batch(broken, PROMPTS[:2], CONFIGS[0], [1, 2], guard=False)
     with pytest.raises(NonFiniteStateError, match="SDE state"):
         run_batch(broken, PROMPTS[:2], CONFIGS[1], [1, 2], guard=False)

@@ -102,7 +102,7 @@ def test_a_nan_state_from_the_sampler_is_an_error_not_token_zero(model, tmp_path
     out = tmp_path / "o.jsonl"
     assert run(model, out, "--sampler", "remask", "--steps", "4") == 2
     line = one_error(capsys)
-    assert "NaN at step 1" in line and "temperature=0.0" in line and "cfg_scale=0.0" in line
+    assert "NaN at block step 1" in line and "temperature=0.0" in line and "cfg_scale=0.0" in line
     assert out.read_text() == ""
 
 
