@@ -119,15 +119,18 @@ class RecordFile:
             raise OutputError(f"--output {str(path)!r} is not writable; choose another file")
         created = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
+        locked = False
         try:
             _lock(fd, path)  # before reading or writing anything: a refused run changes nothing
+            locked = True
             rf = cls._open_locked(path, settings, overwrite=overwrite)
         except BaseException:
-            os.close(fd)
-            if created:  # the file this call created, still empty: leave the folder as it was
+            # the file this call created, still empty and ours (locked: no other run adopted it meanwhile) goes
+            if created and locked:
                 with contextlib.suppress(OSError):
-                    if path.stat().st_size == 0:
+                    if os.fstat(fd).st_size == 0:
                         path.unlink()
+            os.close(fd)
             raise
         rf._fd, rf._created = fd, created
         return rf
