@@ -13,52 +13,65 @@ from .utils import run_cli_command
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
+    """`--sampler` and one flag per field of the samplers' configs, all from the registry."""
     from .cli_config import add_config_args
-    from .config import RemaskConfig, SDEConfig
-    from .sampling.dispatch import SAMPLERS
+    from .sampling.registry import REGISTRY, SAMPLERS, sampler_help
 
-    g = p.add_argument_group("sampler", "--sampler picks the config: sde / block-sde take SDEConfig's fields, "
-                                        "remask / remdm RemaskConfig's; a flag of the other config is an error")
-    g.add_argument("--sampler", default="sde", choices=SAMPLERS,
-                   help="sde = DSL-LLaDA-SDE (Heun); block-sde = Block SDE (needs --block-length > 0); "
-                        "remask = LLaDA low-confidence remasking; remdm = ReMDM-conf-loop (default: sde)")
-    add_config_args(g, (SDEConfig, "sde/block-sde"), (RemaskConfig, "remask/remdm"), exclude=("remdm",),
+    classes: dict[type, list[str]] = {}
+    for spec in REGISTRY.values():
+        classes.setdefault(spec.config_class, []).append(spec.name)
+    fixed = sorted({k for spec in REGISTRY.values() for k in spec.fixed})
+    g = p.add_argument_group("sampler", "--sampler picks the config: " + "; ".join(
+        f"{' / '.join(names)} take{'s' if len(names) == 1 else ''} {cls.__name__}'s fields" for cls, names in classes.items())
+        + "; a flag of another config is an error")
+    g.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS, help=f"{sampler_help()} (default: {SAMPLERS[0]})")
+    add_config_args(g, *((cls, "/".join(names)) for cls, names in classes.items()), exclude=fixed,
                     negative_aliases={"truncate_at_eos": "--no-truncate"})
 
 
-def _sampler_choice(a: argparse.Namespace):
-    from .cli_config import config_from_args
-    from .config import RemaskConfig, SDEConfig
-    from .generation import SamplerChoice
+def _add_convert_args(p: argparse.ArgumentParser) -> None:
+    """`convert`'s model flags, one per field of ConverterConfig and DSLConfig (defaults are the dataclasses')."""
+    from .cli_config import add_config_args
+    from .config import ConverterConfig, DSLConfig
 
-    if a.sampler in ("sde", "block-sde"):
-        block = getattr(a, "block_length", 0)
-        if a.sampler == "block-sde" and block <= 0:
-            raise ValueError("--sampler block-sde needs --block-length > 0")
-        if a.sampler == "sde" and block > 0:
-            raise ValueError(f"--block-length {block} runs Block SDE: use --sampler block-sde (or --block-length 0)")
-        cfg = config_from_args(SDEConfig, a, others=(RemaskConfig,))
-    else:
-        cfg = config_from_args(RemaskConfig, a, others=(SDEConfig,), remdm=a.sampler == "remdm")
-    return SamplerChoice(cfg)
+    g = p.add_argument_group("DSL model", "the converter and noise embedding of the new checkpoint (dsl_config.json)")
+    add_config_args(g, (ConverterConfig, "converter"), negative_aliases={"trainable_noise_embed": "--frozen-noise-embed"},
+                    aliases={"noise_seed": "--seed"})
+    add_config_args(g, (DSLConfig, "model"), exclude=("converter", "backbone_type"))
 
 
-def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str) -> dict:
+def _sampler_config(a: argparse.Namespace):
+    """The config of `--sampler` and its flags, through the registry's parser (errors name the flag)."""
+    from .cli_config import flag_name, given_config_fields
+    from .sampling.registry import REGISTRY, SamplerSettingError, get_spec, sampler_config
+
+    spec = get_spec(a.sampler)
+    given = given_config_fields(spec.config_class, a, others={s.config_class for s in REGISTRY.values()})
+    try:
+        return sampler_config(a.sampler, given)
+    except SamplerSettingError as e:
+        raise SamplerSettingError(f"{flag_name(e.field)}: {e}" if e.field else str(e), e.field) from None
+
+
+def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str) -> dict:
     """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
     import hashlib
 
     digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
-            "sampler": choice.name,
-            "config": choice.config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
-            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
+            "sampler": config.sampler_name,
+            "config": config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
+            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest},
+            # recorded only when set, so outputs written before these flags existed still resume
+            **({"allow_special_tokens": True} if a.allow_special_tokens else {}),
+            **({"assume_released": True} if a.assume_released else {})}
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .loading import default_device, parse_dtype, read_prompts
+    from .loading import check_device, check_prompt_texts, default_device, parse_dtype, read_prompts
     from .records import RecordFile
 
-    choice = _sampler_choice(a)
+    config = _sampler_config(a)
     if not (0.0 <= a.max_error_rate <= 1.0):  # NaN fails too
         raise ValueError(f"--max-error-rate {a.max_error_rate!r} must be a fraction in [0, 1] (0 = every prompt "
                          f"must succeed)")
@@ -67,35 +80,37 @@ def cmd_generate(a: argparse.Namespace) -> int:
         prompts += read_prompts(a.prompts_file, a.prompt_field)
     if not prompts:
         raise ValueError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE (.jsonl, .json or .txt)")
-    from .loading import check_prompt_texts
-
     check_prompt_texts(prompts)
     if a.resume and not a.output:
         raise ValueError("--resume needs --output FILE (the records file to continue)")
     from .backbones import resolve_model_path
 
-    device = a.device or default_device()
+    device = check_device(a.device or default_device())
+    if not 0 <= a.seed <= 2**63 - 1 - len(prompts):  # prompt i uses seed + i, a signed 64-bit generator seed
+        raise ValueError(f"--seed {a.seed} is out of range: it must be in [0, {2**63 - 1 - len(prompts)}] "
+                         f"(prompt i uses seed + i, a 64-bit generator seed)")
     dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # locked and checked before the model is loaded: nothing is written yet
-        out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
+        out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
     try:
-        return _run_generate(a, choice, prompts, dtype, device, out)
+        return _run_generate(a, config, prompts, dtype, device, out)
     finally:
         if out is not None:
             out.close()
 
 
-def _run_generate(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str, out) -> int:
+def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str, out) -> int:
     from .generation import NonFiniteLogitsError, generate
     from .loading import check_prompt_lengths, context_limit, encode_prompt, load_model, load_tokenizer, parse_dtype
 
-    model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
-    tok = load_tokenizer(a.tokenizer or a.model)
-    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
-    check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
+    model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
+    tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
+    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
+               for p in prompts]
+    check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
 
     def show(batch: list[dict]) -> None:
         if out is not None:
@@ -113,7 +128,7 @@ def _run_generate(a: argparse.Namespace, choice, prompts: list[str], dtype: str,
             print(f"resuming {a.output}: {len(skip)} of {len(prompts)} prompts already done"
                   + (f"; retrying {retry} that failed before" if retry else ""), file=sys.stderr)
     try:
-        records = generate(model, tok, prompts, choice, batch_size=a.batch_size, seed=a.seed,
+        records = generate(model, tok, prompts, config, batch_size=a.batch_size, seed=a.seed,
                            chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
                            skip=skip, on_batch=show)
     except KeyboardInterrupt:
@@ -154,26 +169,41 @@ def _generate_summary(records: list[dict], n: int, max_error_rate: float, output
     return 0
 
 
+def _convert_config(a: argparse.Namespace):
+    """The DSL config of `convert`: ConverterConfig's and DSLConfig's flags (generated from the dataclasses)."""
+    from .cli_config import config_from_args, given_fields
+    from .config import ConverterConfig, DSLConfig
+
+    return DSLConfig(converter=config_from_args(ConverterConfig, a), **given_fields(DSLConfig, a))
+
+
 def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import load_backbone
-    from .config import ConverterConfig, DSLConfig
-    from .loading import parse_dtype
+    from .loading import check_tokenizer_files, parse_dtype
     from .model import DSLModel
 
-    cfg = DSLConfig(converter=ConverterConfig(noise_dim=a.noise_dim, noise_init=a.noise_init, beta_init=a.beta_init,
-                                              layout=a.layout, trainable_noise_embed=not a.frozen_noise_embed,
-                                              noise_seed=a.seed),
-                    context_embedding=a.context_embedding)
+    cfg = _convert_config(a)
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    from .locks import output_lock
     from .outputs import prepare_output_dir
+    from .utils import remove_stale_temp_folders
 
-    prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
-    backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
-    model = DSLModel.convert(backbone, cfg)
-    model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
-    print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
+    with output_lock(a.output, what="output folder"):  # one writer per output, before anything is written
+        prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
+        removed, kept = remove_stale_temp_folders(a.output)
+        for p in removed:
+            print(f"note: removed {str(p)!r}, a temp folder left by an interrupted convert", file=sys.stderr)
+        for p in kept:
+            print(f"warning: {str(p)!r} looks like a temp folder of an interrupted convert but holds other files; "
+                  f"left alone — remove it yourself", file=sys.stderr)
+        check_tokenizer_files(a.backbone)  # copied into the checkpoint below: never copy a damaged file
+        backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
+        model = DSLModel.convert(backbone, cfg)
+        model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
+    c = cfg.converter
+    print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
     return 0
 
 
@@ -197,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts-file", default=None, help="JSONL file with one prompt per line (or .txt)")
     g.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt (default 'prompt')")
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts raw (prefix continuation)")
+    g.add_argument("--allow-special-tokens", action="store_true",
+                   help="let special-token spellings in prompts (e.g. <|mask|>, <|endoftext|>) become control tokens "
+                        "(default: they are encoded as the text they are)")
+    g.add_argument("--assume-released", action="store_true",
+                   help="a DSL checkpoint without dsl_config.json is the released DSL-LLaDA layout (settings "
+                        "inferred); without it such a checkpoint is refused")
     g.add_argument("--batch-size", type=int, default=8)
     g.add_argument("--seed", type=int, default=42, help="prompt i uses seed + i")
     g.add_argument("--output", default=None,
@@ -222,14 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
-    c.add_argument("--noise-dim", type=int, default=100)
-    c.add_argument("--noise-init", default="random", choices=["random", "pca"])
-    c.add_argument("--beta-init", type=float, default=1.0)
-    c.add_argument("--layout", default="released", choices=["released", "paper"])
-    c.add_argument("--context-embedding", default="converter", choices=["converter", "wte"])
-    c.add_argument("--frozen-noise-embed", action="store_true", help="authors' frozen noise embedding")
-    c.add_argument("--seed", type=int, default=42, help="noise-embedding init seed")
-    c.add_argument("--dtype", default="float32")
+    c.add_argument("--dtype", default="float32", help="dtype the backbone is loaded and the checkpoint saved in")
+    _add_convert_args(c)
     c.set_defaults(func=cmd_convert)
 
     d = sub.add_parser("demo", help="the whole pipeline on the embedded toy world (CPU, minutes)")

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .backbones.base import Backbone
-from .config import RemaskConfig, SDEConfig
 from .loading import check_prompt_texts, encode_prompt
 from .model import DSLModel
 from .sampling.batches import RowResult, run_batches
@@ -27,32 +25,16 @@ from .utils import atomic_write_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLERS", "NonFiniteLogitsError", "SamplerChoice", "generate", "run_sampler", "write_jsonl"]
-@dataclass(frozen=True)
-class SamplerChoice:
-    """A sampler's typed config: its type picks the sampler (`sampling.dispatch`) and `name` is derived from it."""
-
-    config: SamplerConfig
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.config, (SDEConfig, RemaskConfig)):
-            raise TypeError(f"config of type {type(self.config).__name__} names no sampler; "
-                            f"expected SDEConfig or RemaskConfig")
-
-    @property
-    def name(self) -> str:
-        """'sde', 'block-sde', 'remask' or 'remdm' (one of SAMPLERS), as the config says."""
-        return self.config.sampler_name
+__all__ = ["SAMPLERS", "NonFiniteLogitsError", "generate", "run_sampler", "write_jsonl"]
 
 
-def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: SamplerChoice | SamplerConfig, *,
+def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, config: SamplerConfig, *,
                 generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False) -> SampleOutput:
-    """Run one batch through the sampler that the config's type picks."""
-    config = choice.config if isinstance(choice, SamplerChoice) else choice
+    """Run one batch through the sampler that the config names."""
     return sample(model, prompts, config, generator=generator, progress=progress)
 
 
-def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choice: SamplerChoice, *,
+def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], config: SamplerConfig, *,
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
@@ -71,7 +53,7 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choi
     check_prompt_texts(prompts)
     if encoded is None:
         encoded = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
-    name = choice.name
+    name = config.sampler_name
 
     def record(r: RowResult) -> dict[str, Any]:
         if r.error is not None:
@@ -82,7 +64,7 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choi
                 "forward_passes": r.output.forward_passes, "seed": r.seed}
 
     records: list[dict[str, Any]] = []
-    for rows in run_batches(model, encoded, choice.config, batch_size=batch_size, seed_of=lambda i: seed + i,
+    for rows in run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i,
                             skip=set(skip), progress=progress, desc=f"generate ({name})"):
         batch_records = [record(r) for r in rows]
         if on_batch is not None:

@@ -191,6 +191,8 @@ class RecordFile:
         file."""
         if not records:
             return
+        if self._log is None:
+            raise ValueError(f"{self.path}: append() before begin() (the record file is not open)")
         self._log.append(records)
         for r in records:
             self.done[r["index"]] = r

@@ -12,16 +12,14 @@ Under `accelerate launch` each process takes its share of the requests (lm-eval 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from ..config import RemaskConfig, SDEConfig
-from ..generation import SamplerChoice
-from ..sampling.batches import run_batches
 from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
+from ..sampling.batches import run_batches
+from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
 
 log = logging.getLogger(__name__)
@@ -33,37 +31,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-evaluation-harness adapter needs `pip install 'dsl-llada[lmeval]'` (lm-eval)") from e
 
 
-def _coerce(value: Any, kind: Any) -> Any:
-    """A string from `--model_args` as the dataclass field's type."""
-    if not isinstance(value, str):
-        return value
-    text = str(kind)
-    if value.lower() in ("none", "null") and "None" in text:
-        return None
-    if "bool" in text:
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expected true/false, got {value!r}")
-        return value.lower() in ("true", "1")
-    if "int" in text and "float" not in text:
-        return int(value)
-    if "float" in text:
-        return float(value)
-    return value
-
-
-def sampler_choice(sampler: str, **fields: Any) -> SamplerChoice:
-    """A typed sampler config from loose key/value settings (unknown keys are an error naming the valid ones)."""
-    cls = SDEConfig if sampler in ("sde", "block-sde") else RemaskConfig
-    known = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {sorted(known)}")
-    kw = {k: _coerce(v, known[k]) for k, v in fields.items()}
-    if sampler == "remdm":
-        kw["remdm"] = True
-    if sampler == "block-sde" and not kw.get("block_length"):
-        raise ValueError("sampler 'block-sde' needs block_length > 0")
-    return SamplerChoice(cls(**kw))
+def sampler_settings(sampler: str, **fields: Any) -> SamplerConfig:
+    """The sampler config from `--model_args`'s loose key=value settings (text values parsed as the fields' types),
+    through the registry's parser: an unknown key is an error naming the valid ones."""
+    return sampler_config(sampler, fields, text=True)
 
 
 @register_model("dsl-llada")
@@ -78,7 +49,7 @@ class DSLLadaLM(LM):
         dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
         self.model = load_model(model_dir, dtype=parse_dtype(dtype), device=device)
         self.tok = load_tokenizer(tokenizer or model_dir)
-        self.choice = sampler_choice(sampler, **sampler_fields)
+        self.config = sampler_settings(sampler, **sampler_fields)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
         self.mc_samples, self.mc_batch_size, self.seed = int(mc_samples), int(mc_batch_size), int(seed)
         self.chat_template = chat_template if isinstance(chat_template, bool) else chat_template.lower() == "true"
@@ -184,7 +155,7 @@ class DSLLadaLM(LM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        gen_length = self.choice.config.gen_length
+        gen_length = self.config.gen_length
         prompts = []
         for r in requests:
             ids = encode_prompt(self.tok, r.args[0], chat_template=self.chat_template)
@@ -193,7 +164,7 @@ class DSLLadaLM(LM):
                 ids = ids[len(ids) + gen_length - self.max_length:]
             prompts.append(ids)
         out: list[str] = []
-        for rows in run_batches(self.model, prompts, self.choice.config, batch_size=self.batch_size, retry=False,
+        for rows in run_batches(self.model, prompts, self.config, batch_size=self.batch_size, retry=False,
                                 seed_of=lambda i: self.seed + i):
             for row in rows:
                 r, ids = requests[row.index], row.response

@@ -121,7 +121,7 @@ def run_batch(loaded: Loaded, method: MethodSpec, choice: Any, prompt_ids: Seque
         return _run_ar(loaded, choice, prompt_ids)
     from ..sampling.batches import run_batch as run_sampler_batch
 
-    config = getattr(choice, "config", choice)  # a SamplerChoice or a bare config
+    config = getattr(choice, "config", choice)  # the sampler config (anything wrapping one: its .config)
     with torch.no_grad():
         out = run_sampler_batch(loaded.model, prompt_ids, config, [int(s) for s in seeds])
     return BatchOutput(out.responses(), int(out.nfe), int(out.forward_passes))
