@@ -95,8 +95,9 @@ def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_templ
     message, encoded as plain text."""
     if not messages:
         raise ValueError("messages is empty; expected at least one {'role', 'content'} message")
-    contents = [m.get("content") for m in messages]
-    if not all(isinstance(c, str) for c in contents):
+    raw = [m.get("content") for m in messages]
+    contents = [c for c in raw if isinstance(c, str)]
+    if len(contents) != len(raw):
         raise ValueError("every message needs a string 'content'")
     if not (chat_template and getattr(tokenizer, "chat_template", None)):
         if len(messages) != 1:
