@@ -114,7 +114,7 @@ class JsonlAppender:
 
     def _complete_end(self) -> int:
         """Byte length of the file's complete lines, reading back from its end in chunks."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._open_fd()).st_size
         with open(self.path, "rb") as f:
             pos = size
             while pos > 0:
@@ -129,10 +129,16 @@ class JsonlAppender:
 
     def truncate(self, size: int = 0) -> None:
         """Cut the file to `size` bytes (0 = start afresh; the caller has decided to replace what is there)."""
-        os.ftruncate(self._fd, size)
+        fd = self._open_fd()
+        os.ftruncate(fd, size)
         if self.fsync:
-            os.fsync(self._fd)
+            os.fsync(fd)
         self.end = size
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: used after close")
+        return self._fd
 
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Append the records as whole lines with one write (flushed, and fsynced per the policy); returns the
