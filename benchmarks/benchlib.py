@@ -63,6 +63,22 @@ def med_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
+def add_threads_arg(ap, default: int | None = None) -> None:
+    """`--threads N` (torch intra-op threads; default: the CPUs this process may use, or `default`)."""
+    ap.add_argument("--threads", type=int, default=default,
+                    help="torch intra-op threads (default: " + ("the CPUs this process may use" if default is None
+                                                                else str(default)) + ")")
+
+
+def bench_environment(threads: int | None = None, *, device: str | None = None, dtype=None, seeds=None) -> dict:
+    """Set the intra-op threads (`--threads`; None = the CPUs this process may use) and return the environment
+    record every benchmark result carries (call `finish_record` on it when the timings are done)."""
+    from dsl_llada.environment import environment_record, set_threads
+
+    set_threads(threads)
+    return environment_record(device=device, dtype=dtype, seeds=seeds)
+
+
 def machine_line() -> str:
     return (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
             + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))

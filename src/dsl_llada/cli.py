@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
+
+# OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
+# (spin-waiting) made sampling 5.6x slower than one thread with one CPU-bound neighbour on a 2-core machine; passive
+# waiting ran as fast as one thread (docs/benchmarks.md, "Thread default under contention"). An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import __version__
 from .utils import run_cli_command
@@ -153,6 +159,35 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return run_demo_cli(a)
 
 
+COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")
+"""Commands that run a model: each takes `--threads N` (set by `main` before the command runs)."""
+
+
+def _threads(text: str) -> int:
+    from .environment import MAX_THREADS
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"--threads must be an integer from 1 to {MAX_THREADS}, got {text!r}")
+    return n
+
+
+def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = COMPUTING, prefix: str = "") -> None:
+    """Give every computing (sub)command `--threads N` (default: the CPUs this process may use, recorded)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                full = f"{prefix}{name}"
+                if full in names and "--threads" not in sp._option_string_actions:
+                    sp.add_argument("--threads", type=_threads, default=None, metavar="N",
+                                    help="torch intra-op threads (default: the CPUs this process may use, from its "
+                                         "affinity and cgroup quota); recorded in the run's environment record")
+                add_threads_args(sp, names, prefix=f"{full} ")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
     p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
@@ -231,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .eval.lmeval_cli import add_lmeval_parser
 
     add_lmeval_parser(sub)
+    add_threads_args(p)
     return p
 
 
@@ -238,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "threads"):
+        from .environment import set_threads
+
+        set_threads(args.threads)
     return run_cli_command(args.func, args,
                            interrupted="interrupted; finished artifacts are kept, partial ones were not written")
 

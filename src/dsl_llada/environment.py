@@ -4,7 +4,8 @@ the server's `/health`).
 `environment_record()` captures the package version and git commit (when run from a checkout, with a dirty flag),
 the versions of the libraries that change numbers, the device and dtype, the CPU model and the instruction set
 torch dispatches to, the GPU when one is used, thread counts, determinism flags, seeds and the 1-minute load
-average. `finish_record()` adds the load average at the end of a run. Nothing here changes any setting.
+average. `finish_record()` adds the load average at the end of a run. Nothing here changes any setting except
+`set_threads()`, the one place a command sets its intra-op thread count (`--threads N`; default `usable_cpus()`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ import torch
 
 from . import __version__
 
-__all__ = ["cpu_flags", "cpu_model", "environment_record", "finish_record", "git_state", "has_native_bf16",
-           "load_average", "usable_cpus"]
+__all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_record", "finish_record", "git_state",
+           "has_native_bf16", "load_average", "set_threads", "usable_cpus"]
+
+MAX_THREADS = 1024
+"""Upper bound of `--threads` (more intra-op threads than this is a typo, not a machine)."""
 
 _LIBRARIES = ("torch", "transformers", "numpy", "accelerate", "safetensors", "tokenizers")
 
@@ -82,6 +86,27 @@ def usable_cpus() -> int:
     return max(1, n)
 
 
+def default_threads() -> int:
+    """The intra-op thread default: the CPUs this process may use (`usable_cpus()`; torch's own default counts the
+    machine's cores instead), except when a launcher (accelerate, torchrun, a test harness) has already fixed the
+    count with OMP_NUM_THREADS: then the count torch took from it, so launched processes share the CPUs."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return usable_cpus()
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set torch's intra-op thread count for this process to `n`, or to `default_threads()` when `n` is None;
+    returns the count set. The count is then part of every `environment_record()`. Raises ValueError for anything
+    but an integer in 1..MAX_THREADS."""
+    if n is None:
+        n = default_threads()
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got {n!r}")
+    torch.set_num_threads(n)
+    return n
+
+
 def load_average() -> float | None:
     """The 1-minute load average (None where the OS has none)."""
     try:
@@ -136,7 +161,8 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_native_bf16": has_native_bf16(),
         "usable_cpus": usable_cpus(),
-        "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()},
+        "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
         "deterministic": {"algorithms": torch.are_deterministic_algorithms_enabled(),
                           "cudnn": bool(torch.backends.cudnn.deterministic)},
         "seeds": seeds,

@@ -363,7 +363,6 @@ def run_demo_cli(args) -> int:
 
     prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)
     if args.cache_frontier:
