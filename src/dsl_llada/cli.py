@@ -82,8 +82,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # checked before the model is loaded: nothing is written yet
+        from .environment import environment_record
+
         out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
-                              protect=(a.prompts_file,))
+                              protect=(a.prompts_file,),
+                              environment=environment_record(device=device, dtype=dtype, seeds={"seed": a.seed,
+                                                                                              "prompt_i": "seed + i"}))
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
     tok = load_tokenizer(a.tokenizer or a.model)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
@@ -239,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="dsl-llada-demo", help="report folder (default ./dsl-llada-demo)")
     d.add_argument("--controls", action="store_true", help="also train the MDM-CPT and XDLM controls")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seeds", type=int, default=1, metavar="K",
+                   help="sample every prompt with K seeds (1-16): pooled tables, intervals over prompts, and the "
+                        "spread of perplexity across seeds (default 1)")
     what = d.add_mutually_exclusive_group()
     what.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
                    "(trained or cached) instead of the demo's comparison; writes OUT/sweep/")

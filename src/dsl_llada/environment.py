@@ -11,7 +11,9 @@ average. `finish_record()` adds the load average at the end of a run. Nothing he
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -23,7 +25,8 @@ import torch
 
 from . import __version__
 
-__all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_record", "finish_record", "git_state",
+__all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
+           "finish_record", "git_state",
            "has_native_bf16", "load_average", "set_threads", "usable_cpus"]
 
 MAX_THREADS = 1024
@@ -116,9 +119,21 @@ def load_average() -> float | None:
 
 
 def git_state(path: str | Path | None = None) -> dict[str, Any] | None:
-    """{'commit', 'dirty'} of the git checkout holding `path` (default: this package's source), or None when the
-    package is not run from a checkout (an installed wheel) or git is missing."""
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    """{'commit', 'dirty'} of the git checkout holding `path` (default: this package's source, read once per
+    process: the code a process runs is the code it started with), or None when the package is not run from a
+    checkout (an installed wheel) or git is missing."""
+    if path is None:
+        own = _own_git_state()
+        return dict(own) if own is not None else None
+    return _git_state(Path(path))
+
+
+@functools.lru_cache(maxsize=1)
+def _own_git_state() -> dict[str, Any] | None:
+    return _git_state(Path(__file__).resolve().parent)
+
+
+def _git_state(where: Path) -> dict[str, Any] | None:
     try:
         top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
@@ -174,3 +189,22 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
 def finish_record(record: dict[str, Any]) -> dict[str, Any]:
     """The same record with the 1-minute load average at the end of the run added (a copy; the input is unchanged)."""
     return {**record, "load_average_end": load_average()}
+
+
+def environment_footer(record: dict[str, Any] | None) -> str:
+    """A one-line summary of an environment record for the foot of a report page (the full record is in the
+    run's JSON); says so when a run predates the record."""
+    if not record:
+        return "Environment: not recorded (the run predates the environment record)."
+    git = record.get("git") or {}
+    commit = f"git {git['commit'][:9]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "no checkout"
+    libs = record.get("libraries") or {}
+    threads = record.get("threads") or {}
+    where = record.get("gpu") or f"{record.get('cpu_model')} ({record.get('cpu_capability')})"
+    load = f"load {record.get('load_average_start')}"
+    if "load_average_end" in record:
+        load += f" -> {record['load_average_end']}"
+    return (f"Environment: dsl-llada {record.get('dsl_llada')} ({commit}), Python {record.get('python')}, torch "
+            f"{libs.get('torch')}, transformers {libs.get('transformers')}; {record.get('device')} "
+            f"{record.get('dtype') or ''} on {where}, {threads.get('intra_op')} intra-op threads of "
+            f"{record.get('usable_cpus')} usable CPUs; seeds {json.dumps(record.get('seeds'))}; {load}.")

@@ -2,7 +2,9 @@
 that produces one JSON record per work item).
 
 Layout: ``OUT`` holds one JSON object per line, each with an integer ``index`` (the work item's position);
-``OUT.config.json`` holds the settings that produced them, written atomically *before* the first record.
+``OUT.config.json`` holds the settings that produced them, written atomically *before* the first record, and the
+environment record of the run that started the file (``environment``) and of each run that resumed it
+(``resumed_environments``); those two are not settings: they never decide whether a run may resume.
 
 Guarantees:
 - every finished batch is appended with one write, then flushed and fsynced: after kill -9 or Ctrl-C the file
@@ -55,6 +57,10 @@ def _lock(fd: int, path: Path) -> None:
                           f"finish (then rerun to resume) or choose another file") from None
 
 
+ENVIRONMENT_KEYS = ("environment", "resumed_environments")
+"""Keys of OUT.config.json that describe where records were made, not how: left out of the settings comparison."""
+
+
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """'field (old -> new)' for every field that differs, nested dicts flattened with dots."""
     out = []
@@ -71,8 +77,11 @@ class RecordFile:
     """One output file of records keyed by ``index``, with its settings stored next to it."""
 
     def __init__(self, path: Path, settings: dict[str, Any], done: dict[int, dict[str, Any]], *, valid_bytes: int,
-                 fresh: bool):
+                 fresh: bool, environment: dict[str, Any] | None = None, stored: dict[str, Any] | None = None):
         self.path, self.settings, self.done = path, settings, done
+        self.environment = environment
+        """This run's environment record (stored in OUT.config.json; None stores none)."""
+        self._stored = stored or {}
         self.config_path = Path(str(path) + ".config.json")
         self._valid_bytes, self._fresh = valid_bytes, fresh
         self._fd: int | None = None
@@ -82,7 +91,7 @@ class RecordFile:
     # -- checking (no writes) -------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, settings: dict[str, Any], *, overwrite: bool = False,
-             protect: tuple[str | Path, ...] = ()) -> "RecordFile":
+             protect: tuple[str | Path, ...] = (), environment: dict[str, Any] | None = None) -> "RecordFile":
         """Check `path` and read what is already done there. Writes nothing. Raises OutputError (a ValueError)."""
         path = Path(path)
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
@@ -97,7 +106,7 @@ class RecordFile:
         config_path = Path(str(path) + ".config.json")
         has_records = path.exists() and path.stat().st_size > 0
         if overwrite or not has_records:
-            return cls(path, settings, {}, valid_bytes=0, fresh=True)
+            return cls(path, settings, {}, valid_bytes=0, fresh=True, environment=environment)
         if not config_path.is_file():
             raise OutputError(f"--output {str(path)!r} already exists and has no {config_path.name} (it was not "
                               f"written by dsl-llada generate); pass --overwrite to replace it, or choose another file")
@@ -106,13 +115,14 @@ class RecordFile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise OutputError(f"{str(config_path)!r} is unreadable ({e}); pass --overwrite to start {str(path)!r} "
                               f"again, or choose another file") from None
-        diff = settings_diff(stored, settings) if isinstance(stored, dict) else ["(not a JSON object)"]
+        diff = (settings_diff({k: v for k, v in stored.items() if k not in ENVIRONMENT_KEYS}, settings)
+                if isinstance(stored, dict) else ["(not a JSON object)"])
         if diff:
             raise OutputError(f"--output {str(path)!r} was made with different settings: {'; '.join(diff)}; "
                               f"rerun with the same settings to continue it, pass --overwrite to replace it, or "
                               f"choose another file")
         done, valid = cls._read(path)
-        return cls(path, settings, done, valid_bytes=valid, fresh=False)
+        return cls(path, settings, done, valid_bytes=valid, fresh=False, environment=environment, stored=stored)
 
     @staticmethod
     def _read(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
@@ -140,8 +150,8 @@ class RecordFile:
     def begin(self) -> None:
         """Store the settings (atomically, before any record), cut a partial last line (or the whole file when
         starting afresh), and open the file for appending."""
-        if self._fresh:
-            atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
+        if self._fresh or self.environment is not None:
+            self._write_config()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
         try:
             _lock(fd, self.path)
@@ -151,6 +161,21 @@ class RecordFile:
             os.close(fd)
             raise
         self._fd = fd
+
+    def _write_config(self) -> None:
+        """OUT.config.json: the settings plus the environment records (the first run's, then each resume's)."""
+        doc = dict(self.settings)
+        if self._fresh:
+            if self.environment is not None:
+                doc["environment"] = self.environment
+        else:
+            for k in ENVIRONMENT_KEYS:
+                if k in self._stored:
+                    doc[k] = self._stored[k]
+            if self.environment is not None:
+                doc["resumed_environments"] = [*doc.get("resumed_environments", []), self.environment]
+        atomic_write_text(self.config_path, json.dumps(doc, indent=2) + "\n")
+        self._stored, self._fresh = doc, False
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Append records as JSON lines with one write, flushed and fsynced. On failure (a full disk) the file is
@@ -178,6 +203,15 @@ class RecordFile:
     def finish(self, n_items: int) -> None:
         """Close; check the file holds exactly indices 0..n-1 once each, in order (rewrite sorted if needed)."""
         self.close()
+        if self.environment is not None and "load_average_end" not in self.environment:
+            from .environment import finish_record
+
+            self.environment = finish_record(self.environment)
+            key = "resumed_environments" if "resumed_environments" in self._stored else "environment"
+            doc = dict(self._stored)
+            doc[key] = [*doc[key][:-1], self.environment] if key == "resumed_environments" else self.environment
+            atomic_write_text(self.config_path, json.dumps(doc, indent=2) + "\n")
+            self._stored = doc
         done, _ = self._read(self.path)
         missing = sorted(set(range(n_items)) - set(done))
         if missing:

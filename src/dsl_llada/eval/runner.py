@@ -32,7 +32,8 @@ from .tasks import get_task
 
 logger = logging.getLogger(__name__)
 
-OUR_FILES = (R.MARKER, R.RECORDS, R.SHARDS, "summary.json", "summary.md", "figures", "genppl_cache.jsonl")
+OUR_FILES = (R.MARKER, R.RECORDS, R.SHARDS, "summary.json", "summary.md", "figures", "genppl_cache.jsonl",
+             R.ENVIRONMENTS)
 
 
 def item_key(task: str, dataset: str, method: str, nfe: int, seed: int, sample_id: str) -> str:
@@ -232,6 +233,9 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
         raise err
     if not (run_dir / R.MARKER).exists() or config_diff(json.loads((run_dir / R.MARKER).read_text())["config"], cfg.to_dict()):
         raise ConfigError(f"{run_dir}: the run folder was not prepared for this config (another rank failed?)")
+    from ..environment import environment_record
+
+    environment = environment_record(device=device, seeds=list(cfg.seeds))  # each model's dtype is in the config
     done = set(R.read_shards(run_dir))
     mine = [b for j, b in enumerate(plan.batches) if j % world == rank and any(k not in done for k in b.keys)]
     writer = R.ShardWriter(R.shard_path(run_dir, rank))
@@ -248,6 +252,7 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
         writer.close()
     state.wait_for_everyone()
     if state.is_main_process:
+        R.append_environment(run_dir, environment, world_size=world, n_run=n_run)
         merged = R.merge(run_dir, plan.order)
         missing = len(plan.order) - len(merged)
         if missing:
