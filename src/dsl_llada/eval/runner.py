@@ -147,14 +147,19 @@ def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, 
     run_dir = Path(run_dir)
     marker = run_dir / R.MARKER
     new = cfg.to_dict()
+    inputs = run_inputs(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"output path {str(run_dir)!r} exists and is not a folder")
     if marker.exists():
         try:
-            old = json.loads(marker.read_text())["config"]
+            stored = json.loads(marker.read_text())
+            old = stored["config"]
         except (json.JSONDecodeError, KeyError):
-            old = None
+            stored, old = {}, None
         diff = config_diff(old, new) if old is not None else ["(unreadable eval_run.json)"]
+        if old is not None and "inputs" in stored:  # runs made before inputs were recorded resume on the config
+            diff += [f"inputs.{k}" for k in sorted(set(stored["inputs"]) | set(inputs))
+                     if stored["inputs"].get(k) != inputs.get(k)]
         if diff:
             if new_run:
                 stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -176,8 +181,19 @@ def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, 
                              f"choose another --out, or pass --overwrite to write into it")
         _remove_ours(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(marker, json.dumps({"format": R.FORMAT, "version": __version__, "config": new}, indent=2,
-                                         sort_keys=True) + "\n")
+    atomic_write_text(marker, json.dumps({"format": R.FORMAT, "version": __version__, "config": new,
+                                          "inputs": inputs}, indent=2, sort_keys=True) + "\n")
+
+
+def run_inputs(cfg: EvalConfig) -> dict[str, Any]:
+    """What the run's records depend on besides its config: each model's weights and tokenizer (content hashes, so
+    a retrained checkpoint at the same path is not resumed into) and the sampling code."""
+    from ..fingerprints import code_fingerprint, folder_fingerprints
+
+    out: dict[str, Any] = {m.name: folder_fingerprints(m.path, m.tokenizer) for m in cfg.models
+                           if Path(m.path).is_dir()}
+    out["code"] = code_fingerprint()
+    return out
 
 
 def _remove_ours(run_dir: Path) -> None:
