@@ -205,6 +205,6 @@ def environment_footer(record: dict[str, Any] | None) -> str:
     if "load_average_end" in record:
         load += f" -> {record['load_average_end']}"
     return (f"Environment: dsl-llada {record.get('dsl_llada')} ({commit}), Python {record.get('python')}, torch "
-            f"{libs.get('torch')}, transformers {libs.get('transformers')}; {record.get('device')} "
-            f"{record.get('dtype') or ''} on {where}, {threads.get('intra_op')} intra-op threads of "
+            f"{libs.get('torch')}, transformers {libs.get('transformers')}; {record.get('device')}"
+            f"{' ' + record['dtype'] if record.get('dtype') else ''} on {where}, {threads.get('intra_op')} intra-op threads of "
             f"{record.get('usable_cpus')} usable CPUs; seeds {json.dumps(record.get('seeds'))}; {load}.")
