@@ -1,0 +1,86 @@
+"""How many sampled tokens survive a change of thread count, instruction set or batch size (docs/reproducibility.md).
+
+    # one run: sample the quick demo's held-out prompts with three samplers, save the token ids
+    ATEN_CPU_CAPABILITY=avx2 python scripts/token_agreement.py run --demo-dir DEMO --threads 1 --out a.json
+    # compare two runs: fraction of identical tokens and of identical responses, per sampler
+    python scripts/token_agreement.py compare a.json b.json
+
+DEMO is the --out folder of a finished `dsl-llada demo --quick` (its cache/ holds the checkpoints). Seeds are per
+prompt (the toy evaluation's), so batch size alone never changes a row's random draws; what differs between runs is
+only floating-point rounding (kernel choice, summation order) and whatever it flips downstream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path) -> None:
+    import torch
+
+    from dsl_llada.backbones import load_backbone
+    from dsl_llada.environment import environment_record, finish_record, set_threads
+    from dsl_llada.generation import sample_in_batches
+    from dsl_llada.model import DSLModel
+    from dsl_llada.toy.demo import Demo, DemoConfig
+    from dsl_llada.toy.evaluate import Method
+    from dsl_llada.toy.tasks import render_prompt
+
+    set_threads(threads)
+    env = environment_record(device="cpu", dtype=torch.float32, seeds={"toy_evaluation": 0})
+    demo = Demo(DemoConfig.preset(quick=True), demo_dir, progress=False, echo=lambda *_: None)
+    _, evals = demo.corpora()
+    cache = demo_dir / "cache"
+    base = load_backbone(next(cache.glob("pretrained-mdm-*")), special=demo.special).eval()
+    dsl = DSLModel.from_pretrained(next(cache.glob("cpt-dsl-*"))).eval()
+    prompts = [demo.tok.encode(render_prompt(e.prompt), add_special_tokens=False) for e in evals]
+    methods = [Method("DSL-SDE", "dsl", "sde"), Method("DSL-SDE (eta=0)", "dsl", "sde", {"eta": 0.0}),
+               Method("LLaDA", "base", "remask")]
+    ids: dict[str, list[list[int]]] = {}
+    with torch.no_grad():
+        for m in methods:
+            model = dsl if m.model == "dsl" else base
+            rows: list[list[int]] = []
+            for _, o in sample_in_batches(model, prompts, m.choice(nfe, demo.gen_length), batch_size=batch_size,
+                                          seed_of=lambda i: i):
+                rows += o.ids.tolist()
+            ids[m.name] = rows
+    out.write_text(json.dumps({"threads": threads, "batch_size": batch_size, "nfe": nfe, "ids": ids,
+                               "environment": finish_record(env)}) + "\n")
+
+
+def compare(a: dict, b: dict) -> dict:
+    res = {}
+    for name in a["ids"]:
+        x, y = a["ids"][name], b["ids"][name]
+        same_tok = sum(p == q for rx, ry in zip(x, y) for p, q in zip(rx, ry))
+        total = sum(len(r) for r in x)
+        res[name] = {"identical_tokens": same_tok / total, "identical_responses": sum(rx == ry for rx, ry in zip(x, y)) / len(x),
+                     "responses": len(x)}
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--demo-dir", required=True, type=Path)
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--batch-size", type=int, default=24)
+    r.add_argument("--nfe", type=int, default=16)
+    r.add_argument("--out", required=True, type=Path)
+    c = sub.add_parser("compare")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    a = ap.parse_args()
+    if a.cmd == "run":
+        run(a.demo_dir, a.threads, a.batch_size, a.nfe, a.out)
+    else:
+        print(json.dumps(compare(json.loads(a.a.read_text()), json.loads(a.b.read_text())), indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
