@@ -38,8 +38,18 @@ def append_environment(run_dir: Path, record: dict[str, Any], **extra: Any) -> N
 
 
 def read_environments(run_dir: Path) -> list[dict[str, Any]]:
-    """The environment records of a run folder, oldest first (empty for runs that predate them)."""
-    return list(iter_lines(Path(run_dir) / ENVIRONMENTS))
+    """The environment records of a run folder, oldest first (empty for runs that predate them; a torn last line,
+    from a kill inside the append, is skipped)."""
+    path = Path(run_dir) / ENVIRONMENTS
+    out = []
+    for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else []):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def shard_path(run_dir: Path, rank: int) -> Path:
