@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 
-def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path) -> None:
+def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_open: int | None = None) -> None:
     import torch
 
     from dsl_llada.backbones import load_backbone
@@ -32,7 +32,7 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path) -> N
     set_threads(threads)
     env = environment_record(device="cpu", dtype=torch.float32, seeds={"toy_evaluation": 0})
     demo = Demo(DemoConfig.preset(quick=True), demo_dir, progress=False, echo=lambda *_: None)
-    _, evals = demo.corpora()
+    _, evals = demo.corpora(n_open, None if n_open is None else n_open // 2)
     cache = demo_dir / "cache"
     base = load_backbone(next(cache.glob("pretrained-mdm-*")), special=demo.special).eval()
     dsl = DSLModel.from_pretrained(next(cache.glob("cpt-dsl-*"))).eval()
@@ -48,7 +48,7 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path) -> N
                                           seed_of=lambda i: i):
                 rows += o.ids.tolist()
             ids[m.name] = rows
-    out.write_text(json.dumps({"threads": threads, "batch_size": batch_size, "nfe": nfe, "ids": ids,
+    out.write_text(json.dumps({"threads": threads, "batch_size": batch_size, "nfe": nfe, "prompts": len(prompts), "ids": ids,
                                "environment": finish_record(env)}) + "\n")
 
 
@@ -72,12 +72,14 @@ def main() -> None:
     r.add_argument("--batch-size", type=int, default=24)
     r.add_argument("--nfe", type=int, default=16)
     r.add_argument("--out", required=True, type=Path)
+    r.add_argument("--prompts", type=int, default=None, metavar="N",
+                   help="N open-ended + N/2 summarisation prompts (default: the quick demo's 16 + 8)")
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
     a = ap.parse_args()
     if a.cmd == "run":
-        run(a.demo_dir, a.threads, a.batch_size, a.nfe, a.out)
+        run(a.demo_dir, a.threads, a.batch_size, a.nfe, a.out, a.prompts)
     else:
         print(json.dumps(compare(json.loads(a.a.read_text()), json.loads(a.b.read_text())), indent=1))
 
