@@ -373,7 +373,7 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
            *_seed_spread(open_rows), ""] if cfg.sample_seeds > 1 else []),
         "## Open-ended: Rep % (adjacent identical words; lower is better)", "", pivot(open_rows, "rep", spec=".1f"), "",
         "## Open-ended: length (words)", "", pivot(open_rows, "len", spec=".1f"), "",
-        "## Open-ended: Distinct-2 %", "", pivot(open_rows, "d2", spec=".1f"), "",
+        "## Open-ended: Distinct-2 % (corpus-level: no per-prompt interval)", "", pivot(open_rows, "d2", spec=".1f"), "",
         "## Open-ended: outputs inside the world's support %", "", pivot(open_rows, "in_support", spec=".0f"), "",
         "## Open-ended: failure tags (% of samples)", "",
         markdown_table(open_rows, [("method", "method", ""), ("nfe", "NFE", ""), ("premature_eos%", "premature EOS", ".0f"),
