@@ -44,7 +44,7 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_op
         for m in methods:
             model = dsl if m.model == "dsl" else base
             rows: list[list[int]] = []
-            for _, o in sample_in_batches(model, prompts, m.choice(nfe, demo.gen_length), batch_size=batch_size,
+            for _, o in sample_in_batches(model, prompts, m.config(nfe, demo.gen_length), batch_size=batch_size,
                                           seed_of=lambda i: i):
                 rows += o.ids.tolist()
             ids[m.name] = rows

@@ -7,8 +7,11 @@ samplers never load anything, and `generation.py` only generates.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,8 @@ from .backbones.base import Backbone, CheckpointError
 from .checkpoint import checkpoint_files
 from .model import DSLModel
 
-__all__ = ["DTYPES", "check_prompt_lengths", "check_prompt_texts", "context_limit", "default_device", "encode_prompt",
-           "load_model", "load_tokenizer", "parse_dtype", "read_prompts"]
+__all__ = ["DTYPES", "check_prompt_lengths", "check_prompt_texts", "context_limit", "default_device", "encode_messages",
+           "encode_prompt", "load_model", "load_tokenizer", "parse_dtype", "read_prompts", "special_spellings"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -56,13 +59,90 @@ def load_tokenizer(path: str | Path):
         raise CheckpointError(f"could not load a tokenizer from {str(path)!r}: {e}") from None
 
 
-def encode_prompt(tokenizer, text: str, *, chat_template: bool = True) -> list[int]:
-    """Chat-template the prompt as one user turn (when the tokenizer has a template) and encode it without
-    adding special tokens again (the template already holds BOS), as LLaDA-Instruct's evaluation."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def special_spellings(tokenizer) -> list[str]:
+    """The text spellings of the tokenizer's special and added tokens, longest first (what a tokenizer would turn
+    into control tokens if it met them in text)."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    with contextlib.suppress(AttributeError, TypeError):
+        found |= set(tokenizer.get_added_vocab())
+    return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
+
+
+def _encode_text(tokenizer, text: str, *, allow_special_tokens: bool) -> list[int]:
+    """`text` as ids without added BOS/EOS; special-token spellings inside it stay text unless allowed."""
+    if allow_special_tokens:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    control = set(getattr(tokenizer, "all_special_ids", None) or [])
+    if control.intersection(ids):  # a vocabulary (word-level) that maps the spelling itself to the control token
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if unk is None:
+            names = tokenizer.convert_ids_to_tokens(sorted(control.intersection(ids)))
+            raise ValueError(f"the prompt text spells special tokens {names} that this tokenizer's vocabulary cannot "
+                             f"encode as text; remove them or allow special tokens")
+        ids = [unk if i in control else i for i in ids]
+    return ids
+
+
+def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_template: bool = True,
+                    allow_special_tokens: bool = False) -> list[int]:
+    """Chat messages (`[{"role", "content"}, ...]`) as prompt ids, ending with the assistant's generation prompt.
+
+    With a chat template, the template's own markers (BOS, role headers, end-of-turn) are control tokens, and the
+    message contents are encoded as text: a special-token spelling inside a content (a forged role marker, a
+    `<|mask|>`) stays text unless `allow_special_tokens`. Contents without such spellings encode exactly as the
+    template rendered and tokenised in one piece. Without a template (or `chat_template=False`) there must be one
+    message, encoded as plain text."""
+    if not messages:
+        raise ValueError("messages is empty; expected at least one {'role', 'content'} message")
+    contents = [m.get("content") for m in messages]
+    if not all(isinstance(c, str) for c in contents):
+        raise ValueError("every message needs a string 'content'")
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        if len(messages) != 1:
+            raise ValueError(f"{len(messages)} messages need a chat template, and this tokenizer has none "
+                             f"(or it was turned off); send one message")
+        return _encode_text(tokenizer, contents[0], allow_special_tokens=allow_special_tokens)
+    render = partial(tokenizer.apply_chat_template, add_generation_prompt=True, tokenize=False)
+    spellings = special_spellings(tokenizer)
+    if allow_special_tokens or not any(sp in c for c in contents for sp in spellings):
+        return list(tokenizer(render(list(messages)), add_special_tokens=False)["input_ids"])
+    # Render with a neutral placeholder per content, then encode the template's pieces with their control tokens
+    # and each content as text. Templates may trim contents: match the real rendering to find which form was used.
+    nonce = secrets.token_hex(8)
+    marks = [f"DSLLLADACONTENT{i}X{nonce}" for i in range(len(messages))]
+    neutral = render([{**m, "content": mk} for m, mk in zip(messages, marks, strict=True)])
+    real = render(list(messages))
+    pieces: list[tuple[str, bool]] = []  # (text, is_content)
+    rest = neutral
+    for mk, c in zip(marks, contents, strict=True):
+        if rest.count(mk) != 1:
+            raise ValueError("the chat template repeats or drops a message's content; cannot encode it safely "
+                             "(pass allow_special_tokens to encode the spellings as control tokens)")
+        head, _, rest = rest.partition(mk)
+        pieces.append((head, False))
+        pieces.append((c, True))
+    pieces.append((rest, False))
+    for form in (lambda c: c, str.strip):
+        if "".join(form(t) if is_c else t for t, is_c in pieces) == real:
+            pieces = [(form(t) if is_c else t, is_c) for t, is_c in pieces]
+            break
+    else:
+        raise ValueError("the chat template transforms message contents in a way that cannot be undone; cannot "
+                         "encode special-token spellings in them as text (pass allow_special_tokens to allow them)")
+    ids: list[int] = []
+    for text, is_content in pieces:
+        if text:
+            ids += _encode_text(tokenizer, text, allow_special_tokens=not is_content)
+    return ids
+
+
+def encode_prompt(tokenizer, text: str, *, chat_template: bool = True, allow_special_tokens: bool = False) -> list[int]:
+    """One prompt as a single user turn of the chat template (when the tokenizer has one and `chat_template`),
+    encoded without adding special tokens again (the template already holds BOS), as LLaDA-Instruct's evaluation.
+    Special-token spellings in the prompt stay text unless `allow_special_tokens` (see `encode_messages`)."""
+    return encode_messages(tokenizer, [{"role": "user", "content": text}], chat_template=chat_template,
+                           allow_special_tokens=allow_special_tokens)
 
 
 

@@ -26,9 +26,7 @@ def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
     """Inside the block, the first backbone forward pass is checked for non-finite logits (one `isfinite` over the
     last position, which left padding never covers); a NaN/inf raises NonFiniteLogitsError at once."""
     backbone = model.backbone if isinstance(model, DSLModel) else model
-    handle = None
-
-    def hook(_module, _inputs, output):
+    def hook(_module: torch.nn.Module, _inputs: object, output: object) -> None:
         handle.remove()
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if torch.is_tensor(logits) and logits.dim() == 3 and not bool(torch.isfinite(logits[:, -1]).all()):

@@ -36,6 +36,7 @@ from .schemas import (
     error_body,
     validation_error_param,
 )
+from .settings import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,11 @@ class AuthAndCount:
         return await self.app(scope, receive, counting_send)
 
 
-def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = 8, max_wait_ms: float = 20.0,
-               max_queue: int = 256, api_key: str | None = None, pad_batches: bool = False) -> FastAPI:
-    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer."""
+def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = ServerConfig.max_batch,
+               max_wait_ms: float = ServerConfig.max_wait_ms, max_queue: int = ServerConfig.max_queue,
+               api_key: str | None = None, pad_batches: bool = ServerConfig.pad_batches) -> FastAPI:
+    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer; the batching
+    settings' defaults are ServerConfig's."""
     svc = Service(model, tokenizer, model_name=model_name, max_batch=max_batch, max_wait_ms=max_wait_ms,
                   max_queue=max_queue, api_key=api_key, pad_batches=pad_batches)
 

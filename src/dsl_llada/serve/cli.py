@@ -9,19 +9,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        too_small = v < 1 if kind is int else v < 0
-        if too_small:
-            raise argparse.ArgumentTypeError(f"{text!r} must be {'>= 1' if kind is int else '>= 0'}")
-        return v
-    return parse
-
-
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument("--model", required=required, default=None,
                    help="checkpoint folder (DSL checkpoint or bare backbone)" + ("" if required else
@@ -35,18 +22,13 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool) -> None:
 
 def add_serve_parser(sub) -> None:
     """Register `serve` and `ui` on the `dsl-llada` subparsers."""
+    from ..cli_config import add_config_args
+    from .settings import ServerConfig
+
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with dynamic batching and streamed denoising")
     _add_model_args(s, required=True)
     s.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
-    s.add_argument("--max-batch", type=_positive(int), default=8, help="most requests in one sampler call (default 8)")
-    s.add_argument("--max-wait-ms", type=_positive(float), default=20.0,
-                   help="longest a request waits for others to batch with (default 20 ms)")
-    s.add_argument("--max-queue", type=_positive(int), default=256,
-                   help="most requests waiting; more get HTTP 429 (default 256)")
-    s.add_argument("--pad-batches", action="store_true",
-                   help="also batch prompts of different lengths (left padding + attention mask): more batching, "
-                        "but the masked attention rounds differently (default: only equal-length prompts share a "
-                        "batch, the closest to each request run alone)")
+    add_config_args(s.add_argument_group("batching"), (ServerConfig, "server"))
     key = s.add_mutually_exclusive_group()
     key.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (checked in constant time)")
     key.add_argument("--api-key-file", default=None, help="read the API key from this file (keeps it out of `ps`)")
@@ -79,8 +61,11 @@ def _run_uvicorn(app, host: str, port: int) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from ..cli_config import config_from_args
     from .app import create_app
+    from .settings import ServerConfig
 
+    settings = config_from_args(ServerConfig, a)
     api_key = a.api_key
     if a.api_key_file:
         api_key = Path(a.api_key_file).read_text().strip()
@@ -90,14 +75,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError("--ui cannot be combined with --api-key (a browser cannot send the key); run `dsl-llada ui` "
                          "separately")
     model, tok, path = _load(a)
-    app = create_app(model, tok, model_name=a.served_model_name or path.name, max_batch=a.max_batch,
-                     max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, api_key=api_key, pad_batches=a.pad_batches)
+    app = create_app(model, tok, model_name=a.served_model_name or path.name, api_key=api_key, **settings.to_dict())
     if a.ui:
         from .ui import mount_ui
 
         app = mount_ui(app, model, tok, path="/ui")
     print(f"serving {path} as {a.served_model_name or path.name!r} on http://{a.host}:{a.port} "
-          f"(max_batch={a.max_batch}, max_wait_ms={a.max_wait_ms:g}, max_queue={a.max_queue})", flush=True)
+          f"(max_batch={settings.max_batch}, max_wait_ms={settings.max_wait_ms:g}, max_queue={settings.max_queue})",
+          flush=True)
     return _run_uvicorn(app, a.host, a.port)
 
 

@@ -56,7 +56,7 @@ def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDECo
     trace = Trace(sampler=name)
     outs: list[tuple[torch.Tensor, torch.Tensor]] = []
     L = config.gen_length
-    sde = name in ("sde", "block-sde")
+    sde = isinstance(config, SDEConfig)
     last_conf = [0.0] * L  # a position the step did not compute logits for keeps its last confidence
 
     def hook(_module, args, kwargs, output):
