@@ -123,7 +123,8 @@ def stated_values(text: str) -> dict[tuple[str, str], tuple[float, float, float]
         for h, c in zip(headers[1:], cells[1:]):
             m = _CELL.match(c)
             if m:
-                out[(cells[0], h)] = tuple(float(x) for x in m.groups())
+                value, low, high = (float(x) for x in m.groups())
+                out[(cells[0], h)] = (value, low, high)
     return out
 
 

@@ -57,7 +57,7 @@ def separated(a: tuple[float, float] | None, b: tuple[float, float] | None) -> b
 def compare(a: tuple[float, float] | None, b: tuple[float, float] | None, *, lower_is_better: bool) -> str:
     """'reproduced' when a's interval lies entirely on the better side of b's, 'contradicted' when entirely on the
     worse side, 'inconclusive' when they overlap (or one is missing)."""
-    if not separated(a, b):
+    if a is None or b is None or not separated(a, b):
         return "inconclusive"
     a_lower = a[1] < b[0]
     return "reproduced" if a_lower == lower_is_better else "contradicted"
