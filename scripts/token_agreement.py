@@ -4,6 +4,9 @@
     ATEN_CPU_CAPABILITY=avx2 python scripts/token_agreement.py run --demo-dir DEMO --threads 1 --out a.json
     # compare two runs: fraction of identical tokens and of identical responses, per sampler
     python scripts/token_agreement.py compare a.json b.json
+    # training: the quick demo's pretraining for N steps under this process's instruction set and threads
+    ATEN_CPU_CAPABILITY=avx2 python scripts/token_agreement.py train --steps 100 --out w-avx2.safetensors
+    python scripts/token_agreement.py compare-weights w-native.safetensors w-avx2.safetensors
 
 DEMO is the --out folder of a finished `dsl-llada demo --quick` (its cache/ holds the checkpoints). Seeds are per
 prompt (the toy evaluation's), so batch size alone never changes a row's random draws; what differs between runs is
@@ -52,6 +55,37 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_op
                                "environment": finish_record(env)}) + "\n")
 
 
+def train(steps: int, threads: int, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from dsl_llada.environment import set_threads
+    from dsl_llada.toy.demo import Demo, DemoConfig
+
+    set_threads(threads)
+    cfg = DemoConfig.preset(quick=True)
+    demo = Demo(cfg.replace(pretrain=cfg.pretrain.replace(steps=steps)), out.parent, progress=False,
+                echo=lambda *_: None)
+    train_set, _ = demo.corpora()
+    from dsl_llada.toy.demo_train import run_stage
+
+    bb = demo._fresh_backbone()
+    curve = run_stage(bb, demo.tok, train_set, demo.cfg.pretrain, seed=cfg.seed, block_size=demo._block(train_set),
+                      gen_length=demo.gen_length, progress=False)
+    save_file({k: v.contiguous() for k, v in bb.state_dict().items()}, str(out),
+              metadata={"final_loss": repr(curve[-1])})
+
+
+def compare_weights(a: Path, b: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
+        diffs = {k: float((fa.get_tensor(k) - fb.get_tensor(k)).abs().max()) for k in fa.keys()}
+        scale = max(float(fa.get_tensor(k).abs().max()) for k in fa.keys())
+        loss = (fa.metadata()["final_loss"], fb.metadata()["final_loss"])
+    return {"max_abs_diff": max(diffs.values()), "identical_tensors": sum(v == 0 for v in diffs.values()),
+            "tensors": len(diffs), "max_abs_weight": scale, "final_loss": loss}
+
+
 def compare(a: dict, b: dict) -> dict:
     res = {}
     for name in a["ids"]:
@@ -77,9 +111,20 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
+    t = sub.add_parser("train")
+    t.add_argument("--steps", type=int, default=100)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--out", required=True, type=Path)
+    w = sub.add_parser("compare-weights")
+    w.add_argument("a", type=Path)
+    w.add_argument("b", type=Path)
     a = ap.parse_args()
     if a.cmd == "run":
         run(a.demo_dir, a.threads, a.batch_size, a.nfe, a.out, a.prompts)
+    elif a.cmd == "train":
+        train(a.steps, a.threads, a.out)
+    elif a.cmd == "compare-weights":
+        print(json.dumps(compare_weights(a.a, a.b), indent=1))
     else:
         print(json.dumps(compare(json.loads(a.a.read_text()), json.loads(a.b.read_text())), indent=1))
 
