@@ -68,3 +68,11 @@ def test_the_untrained_model_table_comes_back_within_its_interval():
 def test_cli_rejects_unknown_tables(capsys):
     assert D.main(["--write", "nope"]) == 2
     assert "unknown table(s) ['nope']" in capsys.readouterr().err
+
+
+def test_cli_lints_a_given_docs_folder_and_refuses_a_missing_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(D, "DOCS", D.DOCS)  # restored after the test (main rebinds it)
+    (tmp_path / "ok.md").write_text(DOC_OK)
+    assert D.main(["--lint", "--docs", str(tmp_path)]) == 0
+    assert D.main(["--lint", "--docs", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

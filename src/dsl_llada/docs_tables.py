@@ -202,9 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--lint", action="store_true", help="every number table names its command and environment")
     g.add_argument("--write", nargs="*", metavar="NAME", help=f"re-make tables into docs/ ({', '.join(TABLES)}; "
                                                                "default all)")
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="the docs folder (default: docs/ of the checkout this module runs from)")
     a = ap.parse_args(argv)
+    global DOCS
+    if a.docs is not None:
+        DOCS = a.docs
+    if not DOCS.is_dir():
+        print(f"error: docs folder {str(DOCS)!r} does not exist; run from a checkout or pass --docs DIR", file=sys.stderr)
+        return 2
     if a.lint:
-        problems = lint()
+        problems = lint(DOCS)
     elif a.check:
         problems = [p for t in TABLES.values() for p in check_table(t)]
     else:
