@@ -26,7 +26,7 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_op
 
     from dsl_llada.backbones import load_backbone
     from dsl_llada.environment import environment_record, finish_record, set_threads
-    from dsl_llada.generation import sample_in_batches
+    from dsl_llada.sampling.batches import run_batches
     from dsl_llada.model import DSLModel
     from dsl_llada.toy.demo import Demo, DemoConfig
     from dsl_llada.toy.evaluate import Method
@@ -46,11 +46,11 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_op
     with torch.no_grad():
         for m in methods:
             model = dsl if m.model == "dsl" else base
-            rows: list[list[int]] = []
-            for _, o in sample_in_batches(model, prompts, m.config(nfe, demo.gen_length), batch_size=batch_size,
-                                          seed_of=lambda i: i):
-                rows += o.ids.tolist()
-            ids[m.name] = rows
+            by_index: dict[int, list[int]] = {}
+            for batch in run_batches(model, prompts, m.config(nfe, demo.gen_length), batch_size=batch_size,
+                                     seed_of=lambda i: i, retry=False):
+                by_index.update({r.index: list(r.ids) for r in batch})
+            ids[m.name] = [by_index[i] for i in range(len(prompts))]
     out.write_text(json.dumps({"threads": threads, "batch_size": batch_size, "nfe": nfe, "prompts": len(prompts), "ids": ids,
                                "environment": finish_record(env)}) + "\n")
 

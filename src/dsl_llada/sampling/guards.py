@@ -14,7 +14,7 @@ import torch
 from ..backbones.base import Backbone
 from ..model import DSLModel
 
-__all__ = ["NonFiniteLogitsError", "check_finite_first_forward"]
+__all__ = ["NonFiniteLogitsError", "NonFiniteStateError", "check_finite_first_forward", "check_finite_state"]
 
 
 class NonFiniteLogitsError(ValueError):
@@ -38,3 +38,15 @@ def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+class NonFiniteStateError(ValueError):
+    """A sampler's state or logits became NaN/inf during a run; the message names the settings involved."""
+
+
+def check_finite_state(values: torch.Tensor, what: str, settings: dict[str, object]) -> None:
+    """Raise NonFiniteStateError naming `settings` unless every element of `values` is finite (one reduction)."""
+    if not bool(torch.isfinite(values).all()):
+        shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        raise NonFiniteStateError(f"the {what} became non-finite (NaN/inf) with {shown}: these settings leave the "
+                                  f"range float32 can hold for this model (lower them), or its weights are damaged")
