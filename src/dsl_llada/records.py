@@ -118,6 +118,8 @@ class RecordFile:
         is removed. Raises OutputError (a ValueError). Call `close` (or `finish`) when done."""
         path = Path(path)
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
+        # where records were made is not a setting (a caller passing a stored config.json back gives these too)
+        settings = {k: v for k, v in settings.items() if k not in ENVIRONMENT_KEYS}
         for p in protect:
             if p is not None and path.exists() and Path(p).exists() and os.path.samefile(path, p):
                 raise OutputError(f"--output {str(path)!r} is the input {str(p)!r}; choose another output file")
