@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import environment_note, parse_args, run_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "configs" / "eval" / "toy-data" / "toy_open.jsonl"
@@ -92,8 +93,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating pure/eval rounds; medians are reported")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: steadier on a busy CPU)")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cfg = config(build(root / "models"))
@@ -109,7 +109,8 @@ def main() -> int:
            "wall": {"sampler_s": round(pw, 2), "eval_s": round(ew, 2), "efficiency": round(pw / ew, 4)},
            "cpu": {"sampler_s": round(pc, 2), "eval_s": round(ec, 2), "efficiency": round(pc / ec, 4)},
            "per_round_wall_efficiency": [round(p[0] / e[0], 3) for p, e in zip(pure, ev)],
-           "per_round_cpu_efficiency": [round(p[1] / e[1], 3) for p, e in zip(pure, ev)]}
+           "per_round_cpu_efficiency": [round(p[1] / e[1], 3) for p, e in zip(pure, ev)],
+           "environment": run_environment()}
     print(json.dumps(res))
     if a.write:
         md = (f"\n### Evaluation runner overhead (cpu, {a.threads} thread, torch {torch.__version__}, "
@@ -120,7 +121,8 @@ def main() -> int:
               f"| process CPU time | {pc:.2f} | {ec:.2f} | {pc / ec:.3f} |\n| wall | {pw:.2f} | {ew:.2f} | {pw / ew:.3f} |\n\n"
               f"Per round (wall): {res['per_round_wall_efficiency']}; (CPU): {res['per_round_cpu_efficiency']}. "
               f"Measured on a shared 2-core machine while other jobs ran (load average ~18): wall times swing by 2x "
-              f"between rounds, so the CPU-time ratio is the meaningful one here; absolute times are not.\n")
+              f"between rounds, so the CPU-time ratio is the meaningful one here; absolute times are not.\n\n"
+              f"{environment_note()}\n")
         with open(ROOT / "docs" / "benchmarks.md", "a") as f:
             f.write(md)
     return 0 if pc / ec >= 0.95 else 1

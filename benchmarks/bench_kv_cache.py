@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import llada_shaped, machine_line, random_prompts, write_section
+from benchlib import llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.dispatch import sample
@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     samplers = {"Block SDE (NFE 8 per block)": SDEConfig(nfe=8, gen_length=128, block_length=32),
@@ -69,7 +69,7 @@ def main() -> None:
         same = float((ids[(s, m, r)] == ids[(s, "off", 1)]).float().mean()) * 100
         rows.append({"sampler": s, "cache": label(m, r), "median_s": med, "min_s": min(times[(s, m, r)]),
                      "max_s": max(times[(s, m, r)]), "speedup": exact / med, "same_tokens": same})
-    print(json.dumps(rows, indent=2))
+    print(json.dumps({"rows": rows, "environment": run_environment()}, indent=2))
     if a.write:
         lines = [f"Command: `python benchmarks/bench_kv_cache.py --rounds {a.rounds} --write` ({machine_line()}).", "",
                  "LLaDA-shaped model (d_model 256, 4 layers, V 32,768, random weights), prompt 128 + response 128 in "

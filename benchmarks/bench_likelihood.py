@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import environment_note, parse_args
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.eval.likelihood import LikelihoodRequest, mc_loglikelihood
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows per forward in the batched variant")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     model, V = build(), 4096
     reqs = requests(a.requests, V)
     times: dict[int, list[float]] = {1: [], a.batch: []}
@@ -85,6 +86,8 @@ interleaved runs, range in brackets; {platform.processor() or platform.machine()
 | {a.batch} | {rps[a.batch]:.2f} ({spread[a.batch]}) |
 
 Batched / batch 1: **{rps[a.batch] / rps[1]:.2f}×**, same estimates (max |Δ| = {diff:.1e} nats).
+
+{environment_note()}
 """
     print(text)
     if a.write:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section
+from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.converter import top_m_values
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--tolerance", type=float, default=1e-6, help="sparse converter tolerance to report")
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     torch.manual_seed(0)
     model = llada_shaped()
     bb, conv, cfg = model.backbone, model.converter, model.backbone.cfg
@@ -141,7 +141,7 @@ def main() -> None:
          "sparse": sparse_rows, "tolerance": a.tolerance,
          "sparse_same_tokens": bool(torch.equal(sde_out[0.0], sde_out[a.tolerance])),
          "sparse_tokens_changed": int((sde_out[0.0] != sde_out[a.tolerance]).sum())}
-    print(json.dumps(r, indent=2))
+    print(json.dumps({**r, "environment": run_environment()}, indent=2))
     if a.write:
         write_markdown(r, " ".join(["python", "benchmarks/bench_roofline.py"] + sys.argv[1:]))
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import environment_note, parse_args, run_environment
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
@@ -211,7 +212,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="append the results to docs/benchmarks.md")
     ap.add_argument("--efficiency-rounds", type=int, default=0,
                     help="only measure loop efficiency, this many times (shows the run-to-run spread)")
-    a = ap.parse_args()
+    a = parse_args(ap)
     torch.manual_seed(0)
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = build_model(a.preset, a.device, dtype)
@@ -227,7 +228,7 @@ def main() -> None:
     mem = converter_memory() if a.device == "cpu" else {}
     result = {"preset": a.preset, "device": a.device, "dtype": a.dtype, "gen_length": gen, "prompt_length": prompt,
               "nfe": nfe, "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-              "loop_efficiency": eff, "throughput": thr, "converter_memory": mem}
+              "loop_efficiency": eff, "throughput": thr, "converter_memory": mem, "environment": run_environment()}
     print(json.dumps(result, indent=2))
     if a.write:
         write_markdown(result, " ".join(["python", "benchmarks/bench_sampling.py"] + sys.argv[1:]))
@@ -252,6 +253,7 @@ def write_markdown(r: dict, command: str) -> None:
                   f"| unchunked | {m['unchunked']['growth_kib'] / 1024:.0f} | {m['pi_bytes_unchunked_MiB']:.0f} |",
                   f"| 256-token chunks | {m['chunk256']['growth_kib'] / 1024:.0f} | {m['pi_bytes_chunk256_MiB']:.0f} |",
                   "", f"Chunking cuts the converter's peak by {m['unchunked']['growth_kib'] / max(1, m['chunk256']['growth_kib']):.1f}x."]
+    lines += ["", environment_note()]
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
     path.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n")

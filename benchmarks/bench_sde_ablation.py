@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import llada_shaped, machine_line, random_prompts, write_section
+from benchlib import llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
 
 from dsl_llada import converter as conv_mod
 from dsl_llada import numerics
@@ -70,7 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     cfg = SDEConfig(nfe=16, gen_length=128)
@@ -106,7 +106,8 @@ def main() -> None:
         m = statistics.median(times[n])
         rows.append({"variant": n, "median_s": m, "min_s": min(times[n]), "max_s": max(times[n]),
                      "faults": int(statistics.median(faults[n])), "speedup_vs_before": base / m})
-    print(json.dumps({"machine": machine_line(), "rows": rows, "identical_tokens": same}, indent=2))
+    print(json.dumps({"machine": machine_line(), "rows": rows, "identical_tokens": same,
+                      "environment": run_environment()}, indent=2))
     if a.write:
         lines = ["Command: `python " + " ".join(["benchmarks/bench_sde_ablation.py"] + sys.argv[1:]).replace(" --write", "")
                  + " --write`", "",

@@ -204,11 +204,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16, help="NFE (sde) or steps (remask/remdm)")
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    from benchlib import environment_note, parse_args
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
         model, tok = load_model(path), load_tokenizer(path)
@@ -220,6 +220,7 @@ def main() -> int:
     import sys
 
     text = markdown(result, command="python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]]), model_desc=desc)
+    text = text.rstrip("\n") + "\n\n" + environment_note() + "\n"
     print(text)
     if a.write:
         with open(ROOT / "docs" / "benchmarks.md", "a", encoding="utf-8") as f:

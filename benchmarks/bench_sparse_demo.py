@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_line, write_section
+from benchlib import machine_line, write_section, parse_args
 
 from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--demo-dir", required=True, help="the --out folder of a finished default `dsl-llada demo`")
     ap.add_argument("--tolerance", type=float, default=1e-6)
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     cfg = DemoConfig.preset(quick=False)
     demo = Demo(cfg, Path(a.demo_dir), progress=False, echo=lambda s: None)
     train, evals = demo.corpora()

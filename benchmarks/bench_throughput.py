@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section
+from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section, parse_args
 
 from dsl_llada.config import SDEConfig
 from dsl_llada.sampling.sde import sample_sde
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.0, help="sparse converter tolerance (0 = exact)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--write", action="store_true")
-    a = ap.parse_args()
+    a = parse_args(ap)
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = llada_shaped(device=a.device)
     model.backbone.to(dtype)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, med_spread, random_prompts, write_section
+from benchlib import clock, llada_shaped, machine_line, med_spread, random_prompts, write_section, parse_args, run_environment
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.remask import sample_remask, transfer_counts
@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--write", action="store_true", help="write the results into docs/benchmarks.md")
-    a = ap.parse_args()
+    a = parse_args(ap)
     model = llada_shaped()
     pb = random_prompts(model, 1, a.prompt)
     sde_cfg = SDEConfig(nfe=a.nfe, gen_length=a.gen, predictor_noise=True)
@@ -126,7 +126,7 @@ def main() -> None:
         result[name] = {"identical_tokens": same, "ours_s": t_ours, "authors_s": t_theirs, "ours_median_s": mo,
                         "authors_median_s": mt, "speedup": mt / mo,
                         "speedup_range": [min(t_theirs) / max(t_ours), max(t_theirs) / min(t_ours)]}
-    print(json.dumps(result, indent=2))
+    print(json.dumps({**result, "environment": run_environment()}, indent=2))
     if a.write:
         write_markdown(result, " ".join(["python", "benchmarks/bench_vs_authors.py"] + sys.argv[1:]))
     if not all(result[k]["identical_tokens"] for k in runs):

@@ -63,6 +63,51 @@ def med_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
+def add_threads_arg(ap, default: int | None = None) -> None:
+    """`--threads N` (torch intra-op threads; default: the CPUs this process may use, or `default`)."""
+    ap.add_argument("--threads", type=int, default=default,
+                    help="torch intra-op threads (default: " + ("the CPUs this process may use" if default is None
+                                                                else str(default)) + ")")
+
+
+def bench_environment(threads: int | None = None, *, device: str | None = None, dtype=None, seeds=None) -> dict:
+    """Set the intra-op threads (`--threads`; None = the CPUs this process may use) and return the environment
+    record every benchmark result carries (call `finish_record` on it when the timings are done)."""
+    from dsl_llada.environment import environment_record, set_threads
+
+    set_threads(threads)
+    return environment_record(device=device, dtype=dtype, seeds=seeds)
+
+
+_RUN_ENV: dict | None = None
+
+
+def parse_args(ap, *, threads_default: int | None = None, device: str | None = None):
+    """`ap.parse_args()` with `--threads N` added (when the script has none), the threads set, and this run's
+    environment record captured for `run_environment()` / the note `write_section` appends."""
+    global _RUN_ENV
+    if "--threads" not in ap._option_string_actions:
+        add_threads_arg(ap, threads_default)
+    a = ap.parse_args()
+    _RUN_ENV = bench_environment(a.threads, device=getattr(a, "device", None) or device,
+                                 dtype=getattr(a, "dtype", None))
+    return a
+
+
+def run_environment() -> dict:
+    """This run's environment record with the end load average (captured now if `parse_args` was not used)."""
+    from dsl_llada.environment import environment_record, finish_record
+
+    return finish_record(_RUN_ENV if _RUN_ENV is not None else environment_record())
+
+
+def environment_note() -> str:
+    """The line every written benchmark section ends with: the environment record of the run that made it."""
+    from dsl_llada.environment import environment_footer
+
+    return environment_footer(run_environment()) + " (machine shared with other jobs unless stated)"
+
+
 def machine_line() -> str:
     return (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
             + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))
@@ -71,6 +116,8 @@ def machine_line() -> str:
 def write_section(title: str, body: str) -> None:
     """Replace the `### title` section of docs/benchmarks.md (or append it), atomically."""
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
+    if "Environment: " not in body:
+        body = body.strip() + "\n\n" + environment_note()
     section = f"### {title}\n\n{body.strip()}\n"
     pattern = re.compile(rf"^### {re.escape(title)}\n.*?(?=^### |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text, count=1) if pattern.search(text) else \

@@ -66,6 +66,25 @@ def test_report_tables(quick_report):
     assert "nan" not in text.lower()
 
 
+def test_report_gives_intervals_verdicts_and_the_environment(quick_report):
+    text = (quick_report / "report.md").read_text()
+    assert "## Verdicts: the paper's claims at this scale" in text
+    verdicts = [ln for ln in text.splitlines() if ln.strip().startswith("- NFE ")]
+    assert len(verdicts) == 4 * len(DemoConfig.preset(quick=True).nfes)  # 4 claims x NFE
+    assert all(ln.endswith(("**reproduced**", "**contradicted**", "**inconclusive**")) for ln in verdicts)
+    assert "| DSL-SDE | " in text and " [" in text.split("exact perplexity (lower is better)")[1].split("##")[0]
+    env = json.loads((quick_report / "config.json").read_text())["environment"]
+    assert env["cpu_capability"] and env["threads"]["intra_op"] >= 1 and env["libraries"]["torch"]
+    assert "load_average_end" in env and env["seeds"] == {"demo": 0}
+    assert text.rstrip().splitlines()[-1].startswith("Environment: dsl-llada ")
+
+
+def test_seeds_option_is_bounded(tmp_path, capsys):
+    assert main(["demo", "--quick", "--seeds", "17", "--out", str(tmp_path / "d")]) == 2
+    assert "--seeds must be an integer from 1 to 16, got 17" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # refused before anything was written
+
+
 def test_second_run_reuses_cached_models(quick_report, capsys):
     assert main(["demo", "--quick", "--out", str(quick_report), "-q"]) == 0
     out = capsys.readouterr().out

@@ -61,7 +61,9 @@ def test_batch_size_invariance_and_seeding(model):
     alone = mc_loglikelihood(model, reqs[1:2], mc_samples=16, seed=6)  # request 1 draws from seed + 1 either way
     assert alone[0] == pytest.approx(a[1], abs=1e-5)
     c = mc_loglikelihood(model, reqs, mc_samples=16, seed=99)
-    assert c[0] != pytest.approx(a[0], abs=1e-6) and c[2] == pytest.approx(a[2], abs=1e-6)  # 1 token: exact anyway
+    # a 1-token request has no Monte Carlo noise: equal up to fp32 rounding of another batch layout (a few ulp of a
+    # value near 6, ulp 4.8e-7; AVX2 kernels gave 3 ulp), hence 1e-5 like the comparisons above
+    assert c[0] != pytest.approx(a[0], abs=1e-3) and c[2] == pytest.approx(a[2], abs=1e-5)
 
 
 def test_dsl_model_uses_the_discrete_path():

@@ -11,6 +11,11 @@ logit sums cover those rows; (b) the posterior mean became one `embedding_bag`, 
 about one ulp — the tokens of 6 of the 7 runs are unchanged, and the chaotic `sde-predictor-noise` run (first Heun
 step 0.01 -> 7 with almost no noise, on a random tiny model) amplifies that ulp into other tokens. That run is so
 sensitive that even the intra-op thread count changes it, so this module runs on one thread.
+
+Issue 18: a value pinned here must come back on every CPU (`ATEN_CPU_CAPABILITY=default`, `=avx2`, AVX-512, arm64;
+`.ci/run` runs this module a second time under `default`). A chaotic trajectory pins the CPU, not the algorithm, so
+`sde-predictor-noise` is no longer pinned: it is a same-machine determinism test (run twice -> identical tokens and
+logit sums; other seeds -> other tokens). The six pinned runs keep their recorded values unchanged.
 """
 
 from __future__ import annotations
@@ -73,7 +78,11 @@ def run(model, name: str, seeds=SEEDS) -> dict:
             "forward_passes": out.forward_passes, "abs_logit_sum": total[0]}
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+CHAOTIC = ("sde-predictor-noise",)
+"""Runs whose tokens move with one ulp of rounding (instruction set, thread count): determinism tests only."""
+
+
+@pytest.mark.parametrize("name", sorted(set(RUNS) - set(CHAOTIC)))
 def test_seeded_regression_values(model, name):
     got = run(model, name)
     want = EXPECTED[name]
@@ -102,3 +111,19 @@ def test_default_generator_is_the_global_rng(model, name):
     a, b, other = ids(3), ids(3), ids(4)
     assert torch.equal(a, b)
     assert not torch.equal(a, other)
+
+
+@pytest.mark.parametrize("name", CHAOTIC)
+def test_chaotic_run_is_deterministic_on_one_machine(model, name):
+    """A chaotic run is not pinned across CPUs, but on one machine and thread count the same seeds give the same
+    bits: the tokens and the sum of every forward's logits repeat exactly; other seeds give other tokens."""
+    first, second = run(model, name), run(model, name)
+    assert first == second
+    assert first["nfe"] == RUNS[name][1].nfe and len(first["ids"]) == len(PROMPTS)
+    assert run(model, name, seeds=(21, 22, 23))["ids"] != first["ids"]
+
+
+def test_no_chaotic_run_is_pinned():
+    """The recorded file holds only well-conditioned runs; every pinned run has its recorded values."""
+    assert not set(CHAOTIC) & set(EXPECTED)
+    assert set(EXPECTED) == set(RUNS) - set(CHAOTIC)

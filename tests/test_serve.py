@@ -43,7 +43,11 @@ def test_models_health_and_metrics(tiny):
     model, tok = tiny
     with TestClient(create_app(model, tok, model_name="tiny")) as c:
         assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
-        assert c.get("/health").json() == {"status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
+        health = c.get("/health").json()
+        env = health.pop("environment")  # where the server runs (issue 18): versions, CPU, threads, dtype, load
+        assert health == {"status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
+        assert env["device"] == "cpu" and env["dtype"] == "float32" and env["threads"]["intra_op"] >= 1
+        assert env["cpu_capability"] and env["libraries"]["torch"] and env["load_average_start"] is not None
         r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=0))
         assert r.status_code == 200
         text = c.get("/metrics").text

@@ -90,6 +90,9 @@ def test_dsl_training_learns_and_writes_checkpoints(backbone_dir, tmp_path):
     ck = out / "checkpoint-100"
     for name in ("config.json", "dsl_config.json", "model.safetensors"):
         assert (ck / name).is_file() and (out / "final" / name).is_file()
+    env = json.loads((ck / "trainer_state" / "environment.json").read_text())  # where it was made (issue 18)
+    assert env["seeds"] == {"seed": cfg.seed, "world_size": 1} and env["dtype"] == "float32"
+    assert env["cpu_capability"] and env["threads"]["intra_op"] >= 1 and "load_average_end" in env
     st = ck / "trainer_state"
     for name in ("state.json", "train_config.json", "optimizer.json", "optimizer.safetensors", "scheduler.json",
                  "rank-0.json", "rank-0.safetensors"):

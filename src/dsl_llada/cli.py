@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
+
+# OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
+# (spin-waiting) made sampling 5.6x slower than one thread with one CPU-bound neighbour on a 2-core machine; passive
+# waiting ran as fast as one thread (docs/benchmarks.md, "Thread default under contention"). An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import __version__
 from .utils import run_cli_command
@@ -94,8 +100,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # locked and checked before the model is loaded: nothing is written yet
+        from .environment import environment_record
+
         out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
-                              protect=(a.prompts_file,))
+                              protect=(a.prompts_file,),
+                              environment=environment_record(device=device, dtype=dtype, seeds={"seed": a.seed,
+                                                                                              "prompt_i": "seed + i"}))
     try:
         return _run_generate(a, config, prompts, dtype, device, out)
     finally:
@@ -248,6 +258,35 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return run_demo_cli(a)
 
 
+COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")
+"""Commands that run a model: each takes `--threads N` (set by `main` before the command runs)."""
+
+
+def _threads(text: str) -> int:
+    from .environment import MAX_THREADS
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"--threads must be an integer from 1 to {MAX_THREADS}, got {text!r}")
+    return n
+
+
+def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = COMPUTING, prefix: str = "") -> None:
+    """Give every computing (sub)command `--threads N` (default: the CPUs this process may use, recorded)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                full = f"{prefix}{name}"
+                if full in names and "--threads" not in sp._option_string_actions:
+                    sp.add_argument("--threads", type=_threads, default=None, metavar="N",
+                                    help="torch intra-op threads (default: the CPUs this process may use, from its "
+                                         "affinity and cgroup quota); recorded in the run's environment record")
+                add_threads_args(sp, names, prefix=f"{full} ")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
     p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
@@ -313,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="backbone dtype of the sampling and error-correction stages (training is always fp32; default "
                         "float32, which the documented tables use; auto: bf16 where the CPU has native bf16)")
+    d.add_argument("--seeds", type=int, default=1, metavar="K",
+                   help="sample every prompt with K seeds (1-16): pooled tables, intervals over prompts, and the "
+                        "spread of perplexity across seeds (default 1)")
     what = d.add_mutually_exclusive_group()
     what.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
                    "(trained or cached) instead of the demo's comparison; writes OUT/sweep/")
@@ -340,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .eval.lmeval_cli import add_lmeval_parser
 
     add_lmeval_parser(sub)
+    add_threads_args(p)
     return p
 
 
@@ -347,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "threads"):
+        from .environment import set_threads
+
+        set_threads(args.threads)
     return run_cli_command(args.func, args,
                            interrupted="interrupted; finished artifacts are kept, partial ones were not written")
 

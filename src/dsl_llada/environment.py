@@ -4,13 +4,16 @@ the server's `/health`).
 `environment_record()` captures the package version and git commit (when run from a checkout, with a dirty flag),
 the versions of the libraries that change numbers, the device and dtype, the CPU model and the instruction set
 torch dispatches to, the GPU when one is used, thread counts, determinism flags, seeds and the 1-minute load
-average. `finish_record()` adds the load average at the end of a run. Nothing here changes any setting.
+average. `finish_record()` adds the load average at the end of a run. Nothing here changes any setting except
+`set_threads()`, the one place a command sets its intra-op thread count (`--threads N`; default `usable_cpus()`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -22,8 +25,12 @@ import torch
 
 from . import __version__
 
-__all__ = ["cpu_flags", "cpu_model", "environment_record", "finish_record", "git_state", "has_native_bf16",
-           "load_average", "usable_cpus"]
+__all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
+           "finish_record", "git_state",
+           "has_native_bf16", "load_average", "set_threads", "usable_cpus"]
+
+MAX_THREADS = 1024
+"""Upper bound of `--threads` (more intra-op threads than this is a typo, not a machine)."""
 
 _LIBRARIES = ("torch", "transformers", "numpy", "accelerate", "safetensors", "tokenizers")
 
@@ -82,6 +89,27 @@ def usable_cpus() -> int:
     return max(1, n)
 
 
+def default_threads() -> int:
+    """The intra-op thread default: the CPUs this process may use (`usable_cpus()`; torch's own default counts the
+    machine's cores instead), except when a launcher (accelerate, torchrun, a test harness) has already fixed the
+    count with OMP_NUM_THREADS: then the count torch took from it, so launched processes share the CPUs."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    return usable_cpus()
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set torch's intra-op thread count for this process to `n`, or to `default_threads()` when `n` is None;
+    returns the count set. The count is then part of every `environment_record()`. Raises ValueError for anything
+    but an integer in 1..MAX_THREADS."""
+    if n is None:
+        n = default_threads()
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got {n!r}")
+    torch.set_num_threads(n)
+    return n
+
+
 def load_average() -> float | None:
     """The 1-minute load average (None where the OS has none)."""
     try:
@@ -91,9 +119,21 @@ def load_average() -> float | None:
 
 
 def git_state(path: str | Path | None = None) -> dict[str, Any] | None:
-    """{'commit', 'dirty'} of the git checkout holding `path` (default: this package's source), or None when the
-    package is not run from a checkout (an installed wheel) or git is missing."""
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    """{'commit', 'dirty'} of the git checkout holding `path` (default: this package's source, read once per
+    process: the code a process runs is the code it started with), or None when the package is not run from a
+    checkout (an installed wheel) or git is missing."""
+    if path is None:
+        own = _own_git_state()
+        return dict(own) if own is not None else None
+    return _git_state(Path(path))
+
+
+@functools.lru_cache(maxsize=1)
+def _own_git_state() -> dict[str, Any] | None:
+    return _git_state(Path(__file__).resolve().parent)
+
+
+def _git_state(where: Path) -> dict[str, Any] | None:
     try:
         top = subprocess.run(["git", "-C", str(where), "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
@@ -136,7 +176,8 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_native_bf16": has_native_bf16(),
         "usable_cpus": usable_cpus(),
-        "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()},
+        "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
         "deterministic": {"algorithms": torch.are_deterministic_algorithms_enabled(),
                           "cudnn": bool(torch.backends.cudnn.deterministic)},
         "seeds": seeds,
@@ -148,3 +189,22 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
 def finish_record(record: dict[str, Any]) -> dict[str, Any]:
     """The same record with the 1-minute load average at the end of the run added (a copy; the input is unchanged)."""
     return {**record, "load_average_end": load_average()}
+
+
+def environment_footer(record: dict[str, Any] | None) -> str:
+    """A one-line summary of an environment record for the foot of a report page (the full record is in the
+    run's JSON); says so when a run predates the record."""
+    if not record:
+        return "Environment: not recorded (the run predates the environment record)."
+    git = record.get("git") or {}
+    commit = f"git {git['commit'][:9]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "no checkout"
+    libs = record.get("libraries") or {}
+    threads = record.get("threads") or {}
+    where = record.get("gpu") or f"{record.get('cpu_model')} ({record.get('cpu_capability')})"
+    load = f"load {record.get('load_average_start')}"
+    if "load_average_end" in record:
+        load += f" -> {record['load_average_end']}"
+    return (f"Environment: dsl-llada {record.get('dsl_llada')} ({commit}), Python {record.get('python')}, torch "
+            f"{libs.get('torch')}, transformers {libs.get('transformers')}; {record.get('device')}"
+            f"{' ' + record['dtype'] if record.get('dtype') else ''} on {where}, {threads.get('intra_op')} intra-op threads of "
+            f"{record.get('usable_cpus')} usable CPUs; seeds {json.dumps(record.get('seeds'))}; {load}.")

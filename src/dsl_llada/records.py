@@ -2,7 +2,9 @@
 that produces one JSON record per work item).
 
 Layout: ``OUT`` holds one JSON object per line, each with an integer ``index`` (the work item's position);
-``OUT.config.json`` holds the settings that produced them, written atomically *before* the first record.
+``OUT.config.json`` holds the settings that produced them, written atomically *before* the first record, and the
+environment record of the run that started the file (``environment``) and of each run that resumed it
+(``resumed_environments``); those two are not settings: they never decide whether a run may resume.
 
 Guarantees:
 - every finished batch is appended with one write, then flushed and fsynced: after kill -9 or Ctrl-C the file
@@ -73,6 +75,10 @@ def _lock(fd: int, path: Path) -> None:
                           f"to resume) or choose another file") from None
 
 
+ENVIRONMENT_KEYS = ("environment", "resumed_environments")
+"""Keys of OUT.config.json that describe where records were made, not how: left out of the settings comparison."""
+
+
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """'field (old -> new)' for every field that differs, nested dicts flattened with dots."""
     out = []
@@ -89,8 +95,11 @@ class RecordFile:
     """One output file of records keyed by ``index``, with its settings stored next to it."""
 
     def __init__(self, path: Path, settings: dict[str, Any], done: dict[int, dict[str, Any]], *, valid_bytes: int,
-                 fresh: bool):
+                 fresh: bool, environment: dict[str, Any] | None = None, stored: dict[str, Any] | None = None):
         self.path, self.settings, self.done = path, settings, done
+        self.environment = environment
+        """This run's environment record (stored in OUT.config.json; None stores none)."""
+        self._stored = stored or {}
         self.config_path = Path(str(path) + ".config.json")
         self._valid_bytes, self._fresh = valid_bytes, fresh
         self._fd: int | None = None
@@ -103,12 +112,14 @@ class RecordFile:
     # -- checking (no writes) -------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, settings: dict[str, Any], *, overwrite: bool = False,
-             protect: tuple[str | Path, ...] = ()) -> "RecordFile":
+             protect: tuple[str | Path, ...] = (), environment: dict[str, Any] | None = None) -> "RecordFile":
         """Check `path`, take its exclusive lock (creating it empty when missing) and read what is already done
         there under the lock. Writes nothing else; on a refusal the lock is released and a file this call created
         is removed. Raises OutputError (a ValueError). Call `close` (or `finish`) when done."""
         path = Path(path)
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
+        # where records were made is not a setting (a caller passing a stored config.json back gives these too)
+        settings = {k: v for k, v in settings.items() if k not in ENVIRONMENT_KEYS}
         for p in protect:
             if p is not None and path.exists() and Path(p).exists() and os.path.samefile(path, p):
                 raise OutputError(f"--output {str(path)!r} is the input {str(p)!r}; choose another output file")
@@ -123,7 +134,7 @@ class RecordFile:
         try:
             _lock(fd, path)  # before reading or writing anything: a refused run changes nothing
             locked = True
-            rf = cls._open_locked(path, settings, overwrite=overwrite)
+            rf = cls._open_locked(path, settings, overwrite=overwrite, environment=environment)
         except BaseException:
             # the file this call created, still empty and ours (locked: no other run adopted it meanwhile) goes
             if created and locked:
@@ -136,11 +147,12 @@ class RecordFile:
         return rf
 
     @classmethod
-    def _open_locked(cls, path: Path, settings: dict[str, Any], *, overwrite: bool) -> "RecordFile":
+    def _open_locked(cls, path: Path, settings: dict[str, Any], *, overwrite: bool,
+                     environment: dict[str, Any] | None = None) -> "RecordFile":
         config_path = Path(str(path) + ".config.json")
         has_records = path.stat().st_size > 0
         if overwrite or not has_records:
-            return cls(path, settings, {}, valid_bytes=0, fresh=True)
+            return cls(path, settings, {}, valid_bytes=0, fresh=True, environment=environment)
         if not config_path.is_file():
             raise OutputError(f"--output {str(path)!r} already exists and has no {config_path.name} (it was not "
                               f"written by dsl-llada generate); pass --overwrite to replace it, or choose another file")
@@ -149,13 +161,14 @@ class RecordFile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise OutputError(f"{str(config_path)!r} is unreadable ({e}); pass --overwrite to start {str(path)!r} "
                               f"again, or choose another file") from None
-        diff = settings_diff(stored, settings) if isinstance(stored, dict) else ["(not a JSON object)"]
+        diff = (settings_diff({k: v for k, v in stored.items() if k not in ENVIRONMENT_KEYS}, settings)
+                if isinstance(stored, dict) else ["(not a JSON object)"])
         if diff:
             raise OutputError(f"--output {str(path)!r} was made with different settings: {'; '.join(diff)}; "
                               f"rerun with the same settings to continue it, pass --overwrite to replace it, or "
                               f"choose another file")
         done, valid = cls._read(path)
-        return cls(path, settings, done, valid_bytes=valid, fresh=False)
+        return cls(path, settings, done, valid_bytes=valid, fresh=False, environment=environment, stored=stored)
 
     @staticmethod
     def _read(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
@@ -174,8 +187,8 @@ class RecordFile:
         starting afresh); the file is already open for appending under this run's lock (`open`)."""
         if self._fd is None:
             raise RuntimeError("RecordFile.begin after close")
-        if self._fresh:
-            atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
+        if self._fresh or self.environment is not None:
+            self._write_config()
         self._log = jsonl_log.JsonlAppender(self.path, fd=self._fd, valid_bytes=self._valid_bytes, repair=False)
         self._log.truncate(self._valid_bytes)  # a partial last line, or everything when starting afresh
         self._begun = True
@@ -184,6 +197,21 @@ class RecordFile:
     def finished(self) -> set[int]:
         """Indices whose latest record has no `error`: the ones a resumed run skips (a failed prompt is retried)."""
         return {i for i, r in self.done.items() if "error" not in r}
+
+    def _write_config(self) -> None:
+        """OUT.config.json: the settings plus the environment records (the first run's, then each resume's)."""
+        doc = dict(self.settings)
+        if self._fresh:
+            if self.environment is not None:
+                doc["environment"] = self.environment
+        else:
+            for k in ENVIRONMENT_KEYS:
+                if k in self._stored:
+                    doc[k] = self._stored[k]
+            if self.environment is not None:
+                doc["resumed_environments"] = [*doc.get("resumed_environments", []), self.environment]
+        atomic_write_text(self.config_path, json.dumps(doc, indent=2) + "\n")
+        self._stored, self._fresh = doc, False
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Append records as whole JSON lines with one write, flushed and fsynced (`jsonl_log.JsonlAppender`). On
@@ -213,6 +241,15 @@ class RecordFile:
         a retried prompt's new record replaces its error); rewrite it sorted with one record per index, atomically,
         when it is not already so; then close."""
         try:
+            if self.environment is not None and "load_average_end" not in self.environment:
+                from .environment import finish_record
+
+                self.environment = finish_record(self.environment)
+                key = "resumed_environments" if "resumed_environments" in self._stored else "environment"
+                doc = dict(self._stored)
+                doc[key] = [*doc[key][:-1], self.environment] if key == "resumed_environments" else self.environment
+                atomic_write_text(self.config_path, json.dumps(doc, indent=2) + "\n")
+                self._stored = doc
             done, _ = self._read(self.path)
             missing = sorted(set(range(n_items)) - set(done))
             if missing:

@@ -6,11 +6,13 @@ Run folder layout::
     RUN_DIR/eval_run.json        marker: package version, format, the full EvalConfig
     RUN_DIR/shards/rank-R.jsonl  records written by process R (any number of runs, any world size)
     RUN_DIR/records.jsonl        merged records (rank 0, after all ranks finished), in work-item order
+    RUN_DIR/environment.jsonl    one environment record per run or resume (`dsl_llada.environment`), rank 0
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,33 @@ MARKER = "eval_run.json"
 FORMAT = "dsl-llada-eval-run/1"
 RECORDS = "records.jsonl"
 SHARDS = "shards"
+ENVIRONMENTS = "environment.jsonl"
+
+
+def append_environment(run_dir: Path, record: dict[str, Any], **extra: Any) -> None:
+    """Append this run's (or resume's) environment record, with the end load average, as one JSON line."""
+    from ..environment import finish_record
+
+    line = json.dumps({**finish_record(record), **extra}, sort_keys=True) + "\n"
+    with open(Path(run_dir) / ENVIRONMENTS, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_environments(run_dir: Path) -> list[dict[str, Any]]:
+    """The environment records of a run folder, oldest first (empty for runs that predate them; a torn last line,
+    from a kill inside the append, is skipped)."""
+    path = Path(run_dir) / ENVIRONMENTS
+    out = []
+    for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else []):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def shard_path(run_dir: Path, rank: int) -> Path:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..stats import format_interval
 from ..utils import save_figure
 
 Column = tuple[str, str, str]
@@ -20,23 +21,31 @@ def _fmt(v: Any, spec: str) -> str:
     return str(v)
 
 
+def _cell(row: dict[str, Any], key: str, spec: str) -> str:
+    """A value, with its 95 % bootstrap interval when the row carries one (`KEY_ci` = [low, high])."""
+    ci = row.get(f"{key}_ci")
+    if ci is not None and isinstance(row.get(key), float) and spec:
+        return format_interval(row[key], tuple(ci), spec)
+    return _fmt(row.get(key), spec)
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
-    """A GitHub Markdown table of `rows` restricted to `columns`."""
+    """A GitHub Markdown table of `rows` restricted to `columns` (a value with a `KEY_ci` interval shows it)."""
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_fmt(r.get(k), f) for k, _, f in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(_cell(r, k, f) for k, _, f in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
 
 
 def pivot(rows: Sequence[dict[str, Any]], value: str, *, row_key: str = "method", col_key: str = "nfe",
           spec: str = ".2f") -> str:
-    """A method x NFE table of one metric."""
+    """A method x NFE table of one metric (with its 95 % bootstrap interval where a row carries `VALUE_ci`)."""
     methods = list(dict.fromkeys(r[row_key] for r in rows))
     cols = sorted({r[col_key] for r in rows})
-    cell = {(r[row_key], r[col_key]): r.get(value) for r in rows}
+    cell = {(r[row_key], r[col_key]): r for r in rows}
     head = f"| {row_key} | " + " | ".join(f"{col_key} {c}" for c in cols) + " |"
     sep = "|---|" + "|".join("---" for _ in cols) + "|"
-    body = [f"| {m} | " + " | ".join(_fmt(cell.get((m, c)), spec) for c in cols) + " |" for m in methods]
+    body = [f"| {m} | " + " | ".join(_cell(cell.get((m, c), {}), value, spec) for c in cols) + " |" for m in methods]
     return "\n".join([head, sep, *body])
 
 

@@ -32,7 +32,8 @@ from .tasks import get_task
 
 logger = logging.getLogger(__name__)
 
-OUR_FILES = (R.MARKER, R.RECORDS, R.SHARDS, "summary.json", "summary.md", "figures", "genppl_cache.jsonl")
+OUR_FILES = (R.MARKER, R.RECORDS, R.SHARDS, "summary.json", "summary.md", "figures", "genppl_cache.jsonl",
+             R.ENVIRONMENTS)
 
 
 def item_key(task: str, dataset: str, method: str, nfe: int, seed: int, sample_id: str) -> str:
@@ -172,14 +173,19 @@ def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, 
     run_dir = Path(run_dir)
     marker = run_dir / R.MARKER
     new = cfg.to_dict()
+    inputs = run_inputs(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"output path {str(run_dir)!r} exists and is not a folder")
     if marker.exists():
         try:
-            old = json.loads(marker.read_text())["config"]
+            stored = json.loads(marker.read_text())
+            old = stored["config"]
         except (json.JSONDecodeError, KeyError):
-            old = None
+            stored, old = {}, None
         diff = config_diff(old, new) if old is not None else ["(unreadable eval_run.json)"]
+        if old is not None and "inputs" in stored:  # runs made before inputs were recorded resume on the config
+            diff += [f"inputs.{k}" for k in sorted(set(stored["inputs"]) | set(inputs))
+                     if stored["inputs"].get(k) != inputs.get(k)]
         if diff:
             if new_run:
                 stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -201,8 +207,19 @@ def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, 
                              f"choose another --out, or pass --overwrite to write into it")
         _remove_ours(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(marker, json.dumps({"format": R.FORMAT, "version": __version__, "config": new}, indent=2,
-                                         sort_keys=True) + "\n")
+    atomic_write_text(marker, json.dumps({"format": R.FORMAT, "version": __version__, "config": new,
+                                          "inputs": inputs}, indent=2, sort_keys=True) + "\n")
+
+
+def run_inputs(cfg: EvalConfig) -> dict[str, Any]:
+    """What the run's records depend on besides its config: each model's weights and tokenizer (content hashes, so
+    a retrained checkpoint at the same path is not resumed into) and the sampling code."""
+    from ..fingerprints import code_fingerprint, folder_fingerprints
+
+    out: dict[str, Any] = {m.name: folder_fingerprints(m.path, m.tokenizer) for m in cfg.models
+                           if Path(m.path).is_dir()}
+    out["code"] = code_fingerprint()
+    return out
 
 
 def _remove_ours(run_dir: Path) -> None:
@@ -273,6 +290,9 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
         raise err
     if not (run_dir / R.MARKER).exists() or config_diff(json.loads((run_dir / R.MARKER).read_text())["config"], cfg.to_dict()):
         raise ConfigError(f"{run_dir}: the run folder was not prepared for this config (another rank failed?)")
+    from ..environment import environment_record
+
+    environment = environment_record(device=device, seeds=list(cfg.seeds))  # each model's dtype is in the config
     done = set(R.read_shards(run_dir))
     mine = [b for j, b in enumerate(plan.batches) if j % world == rank and any(k not in done for k in b.keys)]
     writer = R.ShardWriter(R.shard_path(run_dir, rank))
@@ -289,6 +309,7 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
         writer.close()
     state.wait_for_everyone()
     if state.is_main_process:
+        R.append_environment(run_dir, environment, world_size=world, n_run=n_run)
         merged = R.merge(run_dir, plan.order)
         missing = len(plan.order) - len(merged)
         if missing:

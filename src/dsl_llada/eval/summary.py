@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..environment import environment_footer
 from ..utils import atomic_write_text
 from . import records as R
 from .config import EvalConfig
@@ -79,6 +80,10 @@ def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, A
         md += [f"| … | {len(errors) - 50} more |"] if len(errors) > 50 else []
         md.append("")
     md += ["## Config", "", "```json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True), "```", ""]
+    environments = R.read_environments(run_dir)
+    summary["environments"] = environments
+    md += ["---", "", environment_footer(environments[-1] if environments else None)
+           + (f" ({len(environments)} runs/resumes; all in environment.jsonl)" if len(environments) > 1 else ""), ""]
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     _stamp_figures(run_dir, summary)

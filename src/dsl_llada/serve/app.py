@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from ..environment import environment_record
 from ..loading import encode_prompt
 from ..model import DSLModel
 from .batcher import DONE, Batcher, Job, QueueFull, ShuttingDown
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 def _error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+def _where(model) -> dict[str, Any]:
+    p = next(iter(model.parameters()), None)
+    return {"device": p.device, "dtype": p.dtype} if p is not None else {}
 
 
 class Service:
@@ -230,7 +236,8 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
     @app.get("/health")
     async def health():
         return {"status": "draining" if svc.batcher.closing else "ok", "model": svc.model_name,
-                "queue_length": svc.batcher.queue_length, "running": len(svc.batcher.running)}
+                "queue_length": svc.batcher.queue_length, "running": len(svc.batcher.running),
+                "environment": environment_record(**_where(svc.model))}
 
     @app.get("/metrics")
     async def metrics():

@@ -27,6 +27,7 @@ from ..eval.report import markdown_table
 from ..sampling.batches import run_batches
 from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
+from ..fingerprints import sampling_key
 from .evaluate import aggregate, score_record
 from .sweep import OPEN_KEYS, SUM_KEYS, append_rows, model_fingerprint, read_rows, task_metrics
 from .tasks import render_prompt
@@ -113,7 +114,7 @@ def variants(fc: FrontierConfig) -> list[Variant]:
     return out
 
 
-def _key(v: Variant, cfg: SDEConfig | RemaskConfig, model_id: str, fc: FrontierConfig) -> str:
+def _key(v: Variant, cfg: SDEConfig | RemaskConfig, model_id: str | dict, fc: FrontierConfig) -> str:
     key = {"sampler": v.sampler, "config": cfg.to_dict(), "model": model_id, "n_open": fc.n_open,
            "n_summarize": fc.n_summarize, "batch_size": fc.batch_size, "seed": fc.seed}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -125,7 +126,7 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.jsonl"
-    ids = {name: model_fingerprint(m) for name, m in models.items()}
+    ids = {name: sampling_key(model_fingerprint(m), tokenizer) for name, m in models.items()}  # + tokenizer, code
     plan = [(v, v.config(fc, gen_length)) for v in variants(fc)]
     keys = {v: _key(v, cfg, ids[v.model], fc) for v, cfg in plan}
     done = {(r["key"], r["round"]) for r in read_rows(runs_path)}

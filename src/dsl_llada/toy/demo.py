@@ -26,6 +26,7 @@ from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import SpecialTokens
 from ..config import ConfigBase, ConverterConfig, DSLConfig
+from ..environment import environment_footer, environment_record, finish_record
 from ..loading import DTYPES
 from ..eval.report import markdown_table, pivot, plot_nfe_curves
 from ..model import DSLModel
@@ -35,6 +36,7 @@ from .cache_frontier import FrontierConfig, run_frontier, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
+from .verdicts import verdict_lines, verdicts
 from .world import ToyWorld, ToyWorldConfig
 from .demo_train import TrainStage, run_stage
 
@@ -71,18 +73,26 @@ class DemoConfig(ConfigBase):
     dtype: str = "float32"
     """Backbone dtype of the evaluation stages (sampling, error correction): 'float32' or 'bfloat16' (the paper's
     recipe, `DSLModel.to_compute_dtype`); training is always fp32 and the cached checkpoints are fp32."""
+    sample_seeds: int = 1
+    """`--seeds K`: sample every prompt with K seeds (seed k = 0 is the historical one); the tables pool them, the
+    intervals resample prompts, and the per-seed perplexities give the spread across seeds."""
 
     _nested = {"pretrain": TrainStage, "cpt": TrainStage}
 
     @classmethod
-    def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, dtype: str = "float32") -> "DemoConfig":
+    def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, sample_seeds: int = 1,
+               dtype: str = "float32") -> "DemoConfig":
+        if not 1 <= sample_seeds <= MAX_SAMPLE_SEEDS:
+            raise ValueError(f"--seeds must be an integer from 1 to {MAX_SAMPLE_SEEDS}, got {sample_seeds!r}")
         if not quick:
-            return cls(seed=seed, controls=controls, dtype=dtype)
-        return cls(seed=seed, quick=True, controls=controls, dtype=dtype, n_train=2000, n_eval_open=16, n_eval_summarize=8,
+            return cls(seed=seed, controls=controls, sample_seeds=sample_seeds, dtype=dtype)
+        return cls(seed=seed, quick=True, controls=controls, sample_seeds=sample_seeds, dtype=dtype, n_train=2000,
+                   n_eval_open=16, n_eval_summarize=8,
                    nfes=(4, 16, 64), pretrain=TrainStage(objective="mdm", steps=400, lr=2e-3, warmup=40, stratified_t=True),
                    cpt=TrainStage(objective="dsl", steps=120, lr=1e-3, warmup=10))
 
 
+MAX_SAMPLE_SEEDS = 16
 CHECKSUMS = "checksums.json"
 
 
@@ -143,6 +153,8 @@ class Demo:
         self.special = _special(self.tok)
         self.gen_length = self.world.config.gen_length
         self.timings: dict[str, float] = {}
+        self.environment = environment_record(device="cpu", dtype=torch.float32, seeds={"demo": config.seed})
+        """Where this run was made (written into every config.json, summarised in the report's footer)."""
 
     # -- data --------------------------------------------------------------------------------------
     def corpora(self, n_open: int | None = None, n_summarize: int | None = None):
@@ -268,8 +280,10 @@ class Demo:
             models = {k: cast_for_inference(m, DTYPES[self.cfg.dtype]) for k, m in models.items()}
         self.echo(f"[3/4] sampling {len(evals)} held-out prompts x {len(methods)} methods x NFE {list(self.cfg.nfes)}")
         t = time.perf_counter()
-        records = sample_records(models, self.world, self.tok, evals, methods, self.cfg.nfes,
-                                 gen_length=self.gen_length, batch_size=self.cfg.batch_size, seed=self.cfg.seed)
+        records = [r for k in range(self.cfg.sample_seeds)
+                   for r in sample_records(models, self.world, self.tok, evals, methods, self.cfg.nfes,
+                                           gen_length=self.gen_length, batch_size=self.cfg.batch_size,
+                                           seed=self.cfg.seed, sample_seed=k)]
         self.timings["sampling_s"] = time.perf_counter() - t
         rows = aggregate(records)
         truth = [score_record(self.world, ex, ex.response, method="World (true samples)", nfe=0, seed=None, index=i,
@@ -294,7 +308,9 @@ class Demo:
                          progress=self.progress, echo=self.echo)
         write_sweep(rows, reference_rows(self.world, evals), sweep, out)
         atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "sweep": sweep.to_dict(),
-                                                           "world": self.world.config.to_dict()}, indent=2) + "\n")
+                                                           "world": self.world.config.to_dict(),
+                                                           "environment": finish_record(self.environment)},
+                                                          indent=2) + "\n")
         return rows
 
     def cache_frontier(self, fc: FrontierConfig) -> list[dict[str, Any]]:
@@ -310,18 +326,32 @@ class Demo:
                             gen_length=self.gen_length, progress=self.progress, echo=self.echo)
         write_frontier(rows, fc, reference_rows(self.world, evals), out)
         atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "frontier": fc.to_dict(),
-                                                           "world": self.world.config.to_dict()}, indent=2) + "\n")
+                                                           "world": self.world.config.to_dict(),
+                                                           "environment": finish_record(self.environment)},
+                                                          indent=2) + "\n")
         return rows
 
     def write(self, records, rows, fixclean, models) -> None:
         out = self.out
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        self.environment = finish_record(self.environment)
         atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "world": self.world.config.to_dict(),
-                                                           "timings_s": self.timings}, indent=2) + "\n")
+                                                           "timings_s": self.timings, "environment": self.environment},
+                                                          indent=2) + "\n")
         open_rows = [r for r in rows if r["task"] == "open"]
         plot_nfe_curves(open_rows, out / "nfe_curve.png", title="Toy world, open-ended generation")
         atomic_write_text(out / "report.md", render_report(self, rows, fixclean, models))
+
+
+def _seed_spread(rows) -> list[str]:
+    nfes = sorted({r["nfe"] for r in rows})
+    cell = {(r["method"], r["nfe"]): r.get("ppl_seeds") for r in rows}
+    out = []
+    for m in dict.fromkeys(r["method"] for r in rows):
+        vals = [cell.get((m, n)) for n in nfes]
+        out.append(f"| {m} | " + " | ".join(f"{min(v):.2f} - {max(v):.2f}" if v else "–" for v in vals) + " |")
+    return out
 
 
 def render_report(demo: Demo, rows, fixclean, models) -> str:
@@ -346,10 +376,18 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
         "## Reference: the world's own samples for the same prompts", "",
         markdown_table(demo.truth_rows, [("task", "task", ""), ("ppl", "PPL", ".2f"), ("rep", "Rep %", ".1f"),
                                          ("d2", "D2 %", ".1f"), ("len", "Len", ".1f")]), "",
+        "Each value is followed by its 95 % bootstrap interval (prompts resampled, fixed seed; "
+        f"{cfg.sample_seeds} sampling seed(s) per prompt). A claim below counts as reproduced only when the "
+        "intervals separate.", "",
+        "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows)), "",
         "## Open-ended generation: exact perplexity (lower is better)", "", pivot(open_rows, "ppl"), "",
+        *(["## Open-ended perplexity: spread across sampling seeds (min - max of the per-seed values)", "",
+           "| method | " + " | ".join(f"NFE {n}" for n in sorted({r['nfe'] for r in open_rows})) + " |",
+           "|---|" + "|".join("---" for _ in sorted({r['nfe'] for r in open_rows})) + "|",
+           *_seed_spread(open_rows), ""] if cfg.sample_seeds > 1 else []),
         "## Open-ended: Rep % (adjacent identical words; lower is better)", "", pivot(open_rows, "rep", spec=".1f"), "",
         "## Open-ended: length (words)", "", pivot(open_rows, "len", spec=".1f"), "",
-        "## Open-ended: Distinct-2 %", "", pivot(open_rows, "d2", spec=".1f"), "",
+        "## Open-ended: Distinct-2 % (corpus-level: no per-prompt interval)", "", pivot(open_rows, "d2", spec=".1f"), "",
         "## Open-ended: outputs inside the world's support %", "", pivot(open_rows, "in_support", spec=".0f"), "",
         "## Open-ended: failure tags (% of samples)", "",
         markdown_table(open_rows, [("method", "method", ""), ("nfe", "NFE", ""), ("premature_eos%", "premature EOS", ".0f"),
@@ -366,7 +404,7 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
                                         ("clean", "Clean", ".1f")]), "",
               "## Timings (s)", "", "| stage | seconds |", "|---|---|"]
     parts += [f"| {k} | {v:.1f} |" for k, v in demo.timings.items()]
-    parts += ["", "![NFE curves](nfe_curve.png)", ""]
+    parts += ["", "![NFE curves](nfe_curve.png)", "", "---", "", environment_footer(demo.environment), ""]
     return "\n".join(parts)
 
 
@@ -374,12 +412,12 @@ def run_demo_cli(args) -> int:
     """Entry point of `dsl-llada demo` (prints; the library parts log)."""
     from ..outputs import prepare_output_dir
 
-    prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     from ..loading import auto_dtype
 
     dtype = str(auto_dtype("cpu")).removeprefix("torch.") if args.dtype == "auto" else args.dtype
-    cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed, dtype=dtype)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed, sample_seeds=args.seeds,
+                            dtype=dtype)
+    prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)
     if args.cache_frontier:
@@ -398,6 +436,8 @@ def run_demo_cli(args) -> int:
     open_rows = [r for r in result["rows"] if r["task"] == "open"]
     print()
     print(pivot(open_rows, "ppl"))
+    print()
+    print("\n".join(verdict_lines(verdicts(result["rows"]))))
     print()
     print(f"report: {Path(args.out) / 'report.md'}  (plot: nfe_curve.png, samples: results.jsonl)")
     print(f"total time: {result['timings']['total_s']:.0f} s")

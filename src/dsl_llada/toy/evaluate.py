@@ -17,6 +17,7 @@ from ..eval import metrics as M
 from ..eval.correction import aggregate_fix_clean, fix_clean_records
 from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
+from ..stats import bootstrap_ratio
 from .tasks import TaskExample, render_prompt, response_words, score_response
 from .world import ToyWorld
 
@@ -63,22 +64,26 @@ CONTROL_METHODS = (Method("MDM-CPT", "mdm", "remask"), Method("XDLM", "xdlm", "r
 
 def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, tokenizer, examples: Sequence[TaskExample],
                    methods: Sequence[Method], nfes: Sequence[int], *, gen_length: int, batch_size: int = 32,
-                   seed: int = 0, on_progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One record per (method, NFE, example) with the decoded output and its per-sample metrics."""
+                   seed: int = 0, on_progress: Callable[[str], None] | None = None,
+                   sample_seed: int = 0) -> list[dict[str, Any]]:
+    """One record per (method, NFE, example) with the decoded output and its per-sample metrics. `sample_seed`
+    k > 0 draws another seed per row (the demo's `--seeds K` runs k = 0..K-1; k = 0 is the historical seeding)."""
     records = []
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
+    base = seed * 100_003 + sample_seed * 1_000_003
     for method in methods:
         model = models[method.model]
         for nfe in nfes:
             config = method.config(nfe, gen_length)
             for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False,
-                                    seed_of=lambda i: seed * 100_003 + i):
+                                    seed_of=lambda i: base + i):
                 for r in rows:
                     # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
                     keep_all = not r.output.config.get("truncate_at_eos", True)
                     text = tokenizer.decode(r.ids, skip_special_tokens=keep_all)
                     records.append(score_record(world, examples[r.index], text, method=method.name, nfe=nfe,
-                                                seed=r.seed, index=r.index, forward_passes=r.output.forward_passes))
+                                                seed=r.seed, index=r.index, forward_passes=r.output.forward_passes,
+                                                **({"sample_seed": sample_seed} if sample_seed else {})))
             if on_progress is not None:
                 on_progress(f"{method.name} NFE {nfe}")
     return records
@@ -100,8 +105,38 @@ def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -
     return rec
 
 
+def _intervals(rs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
+    """95 % bootstrap intervals (`KEY_ci`) of a row's per-item metrics, resampling prompts (a prompt's samples
+    under several seeds stay together), and the per-seed perplexities (`ppl_seeds`) when several seeds ran."""
+    clusters: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rs:
+        clusters[r["index"]].append(r)
+    cs = list(clusters.values())
+    count = [len(c) for c in cs]
+
+    def col(f) -> list[float]:
+        return [float(sum(f(r) for r in c)) for c in cs]
+
+    out: dict[str, Any] = {
+        "ppl_ci": bootstrap_ratio(col(lambda r: r["nll_sum"]), col(lambda r: r["n_tokens"]), transform=np.exp),
+        "n_prompts": len(cs)}
+    for key, f in (("in_support", lambda r: 100 * r["in_support"]), ("rep", lambda r: 100 * r["rep"]),
+                   ("len", lambda r: r["len"])) + tuple(
+            (f"{t}%", (lambda t: lambda r: 100.0 * bool(r["tags"].get(t)))(t)) for t in M.FAILURE_TAG_NAMES):
+        out[f"{key}_ci"] = bootstrap_ratio(col(f), count)
+    if task == "summarize":
+        for k in ("rouge1", "rouge2", "rougeL"):
+            out[f"{k}_ci"] = bootstrap_ratio(col(lambda r, k=k: r["rouge"][k]), count)
+    seeds = sorted({r.get("sample_seed", 0) for r in rs})
+    if len(seeds) > 1:
+        out["ppl_seeds"] = [math.exp(sum(r["nll_sum"] for r in rs if r.get("sample_seed", 0) == s)
+                                     / sum(r["n_tokens"] for r in rs if r.get("sample_seed", 0) == s)) for s in seeds]
+    return out
+
+
 def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, task, NFE): token-weighted perplexity, Rep, Distinct-2, Len, failure rates, ROUGE."""
+    """Per (method, task, NFE): token-weighted perplexity, Rep, Distinct-2, Len, failure rates, ROUGE, each per-item
+    metric with its 95 % bootstrap interval (`KEY_ci`, see `dsl_llada.stats`)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["method"], r["task"], r["nfe"])].append(r)
@@ -118,6 +153,7 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if task == "summarize":
             for k in ("rouge1", "rouge2", "rougeL"):
                 row[k] = float(np.mean([r["rouge"][k] for r in rs]))
+        row.update(_intervals(rs, task))
         rows.append(row)
     rows.sort(key=lambda r: (r["task"], r["method"], r["nfe"]))
     return rows

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigBase, ConfigError, SDEConfig, eta_for_nfe
+from ..fingerprints import sampling_key
 from ..eval.report import markdown_table
 from ..model import DSLModel
 from ..sampling.sde import inference_beta
@@ -142,7 +143,7 @@ def with_context_embedding(model: DSLModel, mode: str) -> DSLModel:
     return view
 
 
-def _run_key(cfg: SDEConfig, context: str, model_id: str, sweep: SweepConfig) -> str:
+def _run_key(cfg: SDEConfig, context: str, model_id: str | dict, sweep: SweepConfig) -> str:
     key = {"sde": cfg.to_dict(), "context": context, "model": model_id, "n_open": sweep.n_open,
            "n_summarize": sweep.n_summarize, "seed": sweep.seed}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -179,7 +180,7 @@ def run_sweep(dsl: DSLModel, world, tokenizer, examples, out: Path, sweep: Sweep
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows_path, samples_path = out / "sweep.jsonl", out / "samples.jsonl"
-    model_id = model_fingerprint(dsl)
+    model_id = sampling_key(model_fingerprint(dsl), tokenizer)  # weights + tokenizer + sampling code
     models = {c: with_context_embedding(dsl, c) for c in ("converter", "wte")}
     plan = []  # (setting, nfe, config, run key) in table order
     for nfe in sweep.nfes:

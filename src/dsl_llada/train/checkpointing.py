@@ -7,6 +7,8 @@ Layout of ``output_dir/checkpoint-{step}/``::
     trainer_state/
         state.json          step, world size, parameter-group names and sizes, tokens seen, format version
         train_config.json   the full TrainConfig
+        environment.json    where it was written (`dsl_llada.environment`: versions, git commit, CPU/GPU, threads,
+                            seeds, load average)
         optimizer.{json,safetensors}, scheduler.json   (rank 0; FSDP: gathered full state)
         rank-{r}.{json,safetensors}                    per process: RNG states (python, numpy, torch CPU/CUDA, the
                                                        objective's generator) and the data stream position
@@ -37,6 +39,7 @@ from torch import nn
 
 from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, check_safetensors_header, \
     checkpoint_files, copy_tokenizer_files, save_tensors_file, write_safetensors
+from ..environment import environment_record, finish_record
 from ..errors import CheckpointError
 from ..utils import atomic_write_text
 
@@ -422,6 +425,11 @@ def _write_run(run: RunParts, progress: RunProgress, tmp: Path, state_dir: Path)
             run.tokenizer_to_save.save_pretrained(str(tmp))
         (state_dir / "scheduler.json").write_text(json.dumps(run.backend.scheduler.state_dict()))
         (state_dir / "train_config.json").write_text(c.to_json() + "\n")
+        param = next(iter(run.model.parameters()), None)
+        env = environment_record(device=param.device if param is not None else None,
+                                 dtype=param.dtype if param is not None else None,
+                                 seeds={"seed": getattr(c, "seed", None), "world_size": run.world})
+        (state_dir / "environment.json").write_text(json.dumps(finish_record(env), indent=2) + "\n")
         name = run.backend.name
         (state_dir / STATE_FILE).write_text(json.dumps({
             "format_version": FORMAT_VERSION, "step": step, "world_size": run.world, "objective": c.objective,

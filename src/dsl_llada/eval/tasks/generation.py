@@ -93,6 +93,15 @@ class GenerationTask(SamplingTask):
                 vals = [ppl[ppl_text(t)] for t in texts if t.strip()]
                 # default: token-weighted exp(total NLL / tokens); authors: exp(mean of per-text mean NLL)
                 row["genppl"] = gen_ppl(vals, mode=ctx.mode)
+                scored = [(s, n) for s, n in vals if n > 0]
+                if scored:  # 95 % bootstrap interval over texts, the same aggregate as the value
+                    import numpy as np
+
+                    from ...stats import bootstrap_ratio
+
+                    row["genppl_ci"] = (bootstrap_ratio([s for s, _ in scored], [n for _, n in scored], transform=np.exp)
+                                        if ctx.mode != "authors" else
+                                        bootstrap_ratio([s / n for s, n in scored], transform=np.exp))
                 row["genppl_n"] = sum(1 for _, n in vals if n > 0)
             tags = [(r.get("metrics") or {}).get("tags") or {} for r in recs if r.get("error") is None]
             if tags:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...stats import bootstrap_ratio
 from ..config import DatasetSpec
 from ..data import (
     Sample,
@@ -81,6 +82,9 @@ class ReasoningTask(SamplingTask):
             row["acc_default"] = 100.0 * sum(bool(x.get("correct")) for x in m) / n
             row["acc_authors"] = 100.0 * sum(bool(x.get("correct_authors")) for x in m) / n
             row["acc"] = row["acc_authors"] if ctx.mode == "authors" else row["acc_default"]
+            for key, field in (("acc_default", "correct"), ("acc_authors", "correct_authors")):  # 95 % bootstrap
+                row[f"{key}_ci"] = bootstrap_ratio([100.0 * bool(x.get(field)) for x in m])
+            row["acc_ci"] = row["acc_authors_ci"] if ctx.mode == "authors" else row["acc_default_ci"]
             row["answered"] = sum(1 for x in m if x.get("pred"))
             rows.append(row)
         md = []

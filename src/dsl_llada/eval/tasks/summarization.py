@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ...stats import bootstrap_ratio
 from ..config import DatasetSpec
 from ..data import (
     Sample,
@@ -125,6 +126,9 @@ class SummarizationTask(SamplingTask):
             ms = [(r.get("metrics") or {}) if r.get("error") is None else {} for r in recs]
             rouge_rows = [{k: m.get(k, 0.0) for k in ("rouge1", "rouge2", "rougeL")} for m in ms]
             row.update(rouge_aggregate(rouge_rows, mode=ctx.mode))
+            for k in ("rouge1", "rouge2", "rougeL"):  # 95 % bootstrap intervals over samples (same per-sample values)
+                row[f"{k}_ci"] = bootstrap_ratio([round(float(r[k]), 2) if ctx.mode == "authors" else float(r[k])
+                                                  for r in rouge_rows])
             words = [m.get("words", 0) for m in ms]
             row.update({"len_mean": statistics.fmean(words), "len_median": statistics.median(words),
                         "ref_len_mean": statistics.fmean([m.get("ref_words", 0) for m in ms if m] or [0])})

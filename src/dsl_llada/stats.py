@@ -1,0 +1,72 @@
+"""Uncertainty of a reported number: percentile bootstrap intervals over items, with a fixed seed.
+
+Every metric the reports give is a ratio of per-item sums (a mean is sum(value) / sum(1); perplexity is
+exp(sum(nll) / sum(tokens))), so one routine covers them: resample the items with replacement, recompute the
+ratio, take the 2.5 and 97.5 percentiles. Items are clusters when a prompt was sampled with several seeds: its
+samples stay together (the prompts, not the samples, are what another run would draw anew). The resampling seed
+is fixed, so a report's intervals are a function of its records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["BOOTSTRAP_SEED", "RESAMPLES", "bootstrap_ratio", "compare", "format_interval", "separated"]
+
+BOOTSTRAP_SEED = 20_260_518
+"""Seed of the resampling (fixed: the same records always give the same interval)."""
+RESAMPLES = 1000
+MAX_RESAMPLES = 100_000
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *, transform: Callable | None = None,
+                    level: float = 0.95, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """95 % (by default) percentile interval of transform(sum(num) / sum(den)) over item resamples.
+
+    `num[i]`, `den[i]` are item i's sums (den defaults to 1 per item: a mean). `transform` maps the ratio
+    (np.exp for perplexity from NLL). One item gives a zero-width interval at its value; no items raises."""
+    x = np.asarray(num, dtype=np.float64)
+    d = np.ones_like(x) if den is None else np.asarray(den, dtype=np.float64)
+    if x.ndim != 1 or x.shape != d.shape or x.size == 0:
+        raise ValueError(f"bootstrap needs two equally long, non-empty 1-D sequences (got {x.shape} and {d.shape})")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ValueError(f"resamples must be an integer from 1 to {MAX_RESAMPLES}, got {resamples!r}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = x[idx].sum(axis=1) / d[idx].sum(axis=1)
+    if transform is not None:
+        stats = transform(stats)
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.nanpercentile(stats, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def separated(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    """True when two intervals do not overlap (neither is missing)."""
+    if a is None or b is None:
+        return False
+    return a[1] < b[0] or b[1] < a[0]
+
+
+def compare(a: tuple[float, float] | None, b: tuple[float, float] | None, *, lower_is_better: bool) -> str:
+    """'reproduced' when a's interval lies entirely on the better side of b's, 'contradicted' when entirely on the
+    worse side, 'inconclusive' when they overlap (or one is missing)."""
+    if a is None or b is None or not separated(a, b):
+        return "inconclusive"
+    a_lower = a[1] < b[0]
+    return "reproduced" if a_lower == lower_is_better else "contradicted"
+
+
+def format_interval(value: float | None, interval: tuple[float, float] | None, spec: str = ".2f") -> str:
+    """'12.34 [11.02, 13.90]' ('–' for a missing value; no brackets without an interval)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if interval is None:
+        return format(value, spec)
+    return f"{format(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"

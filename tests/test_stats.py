@@ -1,0 +1,82 @@
+"""Bootstrap intervals (fixed seed), interval comparison and the demo's verdict lines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dsl_llada.eval.report import markdown_table, pivot
+from dsl_llada.stats import bootstrap_ratio, compare, format_interval, separated
+from dsl_llada.toy.evaluate import aggregate
+from dsl_llada.toy.verdicts import verdict_lines, verdicts
+
+
+def test_interval_covers_the_mean_and_is_a_function_of_the_data():
+    x = np.random.default_rng(0).normal(10.0, 2.0, size=200)
+    lo, hi = bootstrap_ratio(x)
+    assert lo < x.mean() < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * x.std() / math.sqrt(200), rel=0.2)  # the normal-theory width
+    assert bootstrap_ratio(x) == (lo, hi)  # fixed seed: same data, same interval
+    assert bootstrap_ratio(x, seed=1) != (lo, hi)  # the seed is really used
+    assert bootstrap_ratio([3.0]) == (3.0, 3.0)
+
+
+def test_ratio_of_sums_with_a_transform_is_perplexity():
+    nll, tok = [2.0, 4.0, 6.0], [1, 2, 3]
+    lo, hi = bootstrap_ratio(nll, tok, transform=np.exp)
+    assert lo == pytest.approx(math.e**2) and hi == pytest.approx(math.e**2)  # every item has ratio 2
+    lo, hi = bootstrap_ratio([1.0, 9.0], [1, 1], transform=np.exp)
+    assert math.exp(1) <= lo < hi <= math.exp(9)
+
+
+@pytest.mark.parametrize("bad", [dict(num=[]), dict(num=[1.0, 2.0], den=[1.0]), dict(num=[1.0], level=1.0),
+                                 dict(num=[1.0], resamples=0)])
+def test_bad_input_is_refused(bad):
+    with pytest.raises(ValueError):
+        bootstrap_ratio(**bad)
+
+
+def test_compare_needs_separated_intervals():
+    assert compare((1, 2), (3, 4), lower_is_better=True) == "reproduced"
+    assert compare((1, 2), (3, 4), lower_is_better=False) == "contradicted"
+    assert compare((1, 3.5), (3, 4), lower_is_better=True) == "inconclusive"
+    assert compare(None, (3, 4), lower_is_better=True) == "inconclusive"
+    assert separated((5, 6), (1, 4)) and not separated((1, 4), (4, 6)) and not separated(None, (1, 2))
+    assert format_interval(12.345, (11.0, 13.9)) == "12.35 [11.00, 13.90]"
+    assert format_interval(None, None) == "–" and format_interval(1.0, None, ".1f") == "1.0"
+
+
+def _records(method: str, nll: float, n: int, *, spread: float = 0.0, seeds: int = 1) -> list[dict]:
+    rng = np.random.default_rng(sum(map(ord, method)))
+    out = []
+    for k in range(seeds):
+        for i in range(n):
+            v = nll + spread * float(rng.normal())
+            out.append({"method": method, "task": "open", "nfe": 4, "index": i, "nll_sum": 4 * v, "n_tokens": 4,
+                        "in_support": 1.0, "rep": 0.0, "len": 3, "output": f"w{i} x{k}",
+                        "tags": {"empty": False, "premature_eos": i % 2 == 0, "repetition": False,
+                                 "degen_ending": False}, "forward_passes": 4, **({"sample_seed": k} if k else {})})
+    return out
+
+
+def test_aggregate_gives_intervals_and_the_verdict_follows_them():
+    rows = aggregate(_records("DSL-SDE", 1.0, 40, spread=0.1) + _records("LLaDA", 2.0, 40, spread=0.1))
+    by = {r["method"]: r for r in rows}
+    lo, hi = by["DSL-SDE"]["ppl_ci"]
+    assert lo < by["DSL-SDE"]["ppl"] < hi and hi < by["LLaDA"]["ppl_ci"][0]
+    assert by["DSL-SDE"]["premature_eos%_ci"][0] < 50 < by["DSL-SDE"]["premature_eos%_ci"][1]
+    vs = verdicts(rows)
+    assert [v["verdict"] for v in vs if v["metric"] == "ppl"] == ["reproduced"]
+    assert [v["verdict"] for v in vs if v["metric"] == "premature_eos%"] == ["inconclusive"]  # equal rates
+    text = "\n".join(verdict_lines(vs))
+    assert "NFE 4: DSL-SDE" in text and "**reproduced**" in text and "**inconclusive**" in text
+    assert "[" in pivot(rows, "ppl") and "[" in markdown_table(rows, [("ppl", "PPL", ".2f")])
+
+
+def test_overlapping_intervals_are_inconclusive_and_seeds_give_a_spread():
+    rows = aggregate(_records("DSL-SDE", 1.0, 6, spread=1.0, seeds=3) + _records("LLaDA", 1.1, 6, spread=1.0, seeds=3))
+    assert [v["verdict"] for v in verdicts(rows) if v["metric"] == "ppl"] == ["inconclusive"]
+    r = next(r for r in rows if r["method"] == "DSL-SDE")
+    assert r["n_prompts"] == 6 and r["n"] == 18 and len(r["ppl_seeds"]) == 3
