@@ -330,7 +330,9 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-dtypes", nargs="+", default=["float32"], help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    from benchlib import parse_args
+
+    a = parse_args(ap)
     if a.layers is not None and not 1 <= a.layers <= 32:
         raise SystemExit(f"--layers={a.layers} must be in 1..32")
     if a.child:

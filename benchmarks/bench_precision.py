@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from dsl_llada.environment import environment_record, finish_record
-from dsl_llada.generation import sample_in_batches
 from dsl_llada.quantize import quantize_backbone
+from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig, cast_for_inference
 from dsl_llada.toy.evaluate import PAPER_METHODS, error_correction, score_record
 from dsl_llada.toy.tasks import render_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import write_section
+from benchlib import parse_args, write_section
 
 METHODS = ("DSL-SDE", "DSL-SDE (eta=0)", "DSL-Remask", "LLaDA")
 
@@ -58,13 +58,14 @@ def rouge_l(recs) -> float:
 
 
 def run_method(model, method, nfe, demo, evals, prompt_ids, batch_size):
-    choice = method.choice(nfe, demo.gen_length)
+    config = method.config(nfe, demo.gen_length)
     recs, ids = [None] * len(evals), [None] * len(evals)
-    for start, out in sample_in_batches(model, prompt_ids, choice, batch_size=batch_size,
-                                        seed_of=lambda i: demo.cfg.seed * 100_003 + i):
-        keep_all = not out.config.get("truncate_at_eos", True)
-        for j, row in enumerate(out.ids.tolist()):
-            i = start + j
+    for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False,
+                            seed_of=lambda i: demo.cfg.seed * 100_003 + i):
+        for r in rows:
+            out, i = r.output, r.index
+            keep_all = not out.config.get("truncate_at_eos", True)
+            row = out.ids[r.row].tolist()
             ids[i] = row
             recs[i] = score_record(demo.world, evals[i], demo.tok.decode(row, skip_special_tokens=keep_all),
                                    method=method.name, nfe=nfe, seed=None, index=i, forward_passes=out.forward_passes)
@@ -85,7 +86,7 @@ def main() -> None:
                          "activations), or both")
     ap.add_argument("--json", default=None, help="write the full result here")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
-    a = ap.parse_args()
+    a = parse_args(ap)
 
     demo = Demo(DemoConfig.preset(quick=True), Path(a.demo), progress=False, echo=lambda s: None)
     train, evals = demo.corpora(a.n_open, a.n_summarize)
@@ -130,8 +131,8 @@ def main() -> None:
     for _ in range(a.rounds):
         for dt in times:
             t = time.perf_counter()
-            for _ in sample_in_batches(models[dt]["dsl"], prompt_ids[: a.timing_prompts], method.choice(16, demo.gen_length),
-                                       batch_size=1, seed_of=lambda i: i):
+            for _ in run_batches(models[dt]["dsl"], prompt_ids[: a.timing_prompts], method.config(16, demo.gen_length),
+                                 batch_size=1, seed_of=lambda i: i, retry=False):
                 pass
             times[dt].append((time.perf_counter() - t) / a.timing_prompts)
     result = {"env": finish_record(env), "variant": a.variant, "n_open": a.n_open, "n_summarize": a.n_summarize, "rows": rows,
