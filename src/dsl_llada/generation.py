@@ -58,10 +58,11 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], conf
     def record(r: RowResult) -> dict[str, Any]:
         if r.error is not None:
             return {"index": r.index, "prompt": prompts[r.index], "error": r.error, "sampler": name, "seed": r.seed}
-        ids = r.response
+        ids, out = r.response, r.output
+        assert ids is not None and out is not None  # a row without an error has its output
         return {"index": r.index, "prompt": prompts[r.index], "response": tokenizer.decode(ids, skip_special_tokens=True),
-                "response_ids": ids, "length": len(ids), "sampler": name, "nfe": r.output.nfe,
-                "forward_passes": r.output.forward_passes, "seed": r.seed}
+                "response_ids": ids, "length": len(ids), "sampler": name, "nfe": out.nfe,
+                "forward_passes": out.forward_passes, "seed": r.seed}
 
     records: list[dict[str, Any]] = []
     for rows in run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i,

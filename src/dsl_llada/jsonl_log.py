@@ -112,9 +112,15 @@ class JsonlAppender:
             self.close()
             raise
 
+    def _open_fd(self) -> int:
+        """The open file's descriptor; ValueError naming the file once it is closed."""
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        return self._fd
+
     def _complete_end(self) -> int:
         """Byte length of the file's complete lines, reading back from its end in chunks."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._open_fd()).st_size
         with open(self.path, "rb") as f:
             pos = size
             while pos > 0:
@@ -129,9 +135,10 @@ class JsonlAppender:
 
     def truncate(self, size: int = 0) -> None:
         """Cut the file to `size` bytes (0 = start afresh; the caller has decided to replace what is there)."""
-        os.ftruncate(self._fd, size)
+        fd = self._open_fd()
+        os.ftruncate(fd, size)
         if self.fsync:
-            os.fsync(self._fd)
+            os.fsync(fd)
         self.end = size
 
     def append(self, records: Iterable[dict[str, Any]]) -> int:

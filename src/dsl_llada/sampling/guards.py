@@ -7,7 +7,7 @@ the same way everywhere.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -44,7 +44,7 @@ class NonFiniteStateError(ValueError):
     """A sampler's state or logits became NaN/inf during a run; the message names the settings involved."""
 
 
-def check_finite_state(values: torch.Tensor, what: str, settings: dict[str, object]) -> None:
+def check_finite_state(values: torch.Tensor, what: str, settings: Mapping[str, object]) -> None:
     """Raise NonFiniteStateError naming `settings` unless every element of `values` is finite (one reduction)."""
     if not bool(torch.isfinite(values).all()):
         shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())

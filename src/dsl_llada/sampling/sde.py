@@ -95,7 +95,7 @@ def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def _decode_final(denoise: Denoise, y: torch.Tensor, gamma: float, mask_id: int, config: SDEConfig,
+def _decode_final(denoise: Denoiser, y: torch.Tensor, gamma: float, mask_id: int, config: SDEConfig,
                   model: DSLModel) -> torch.Tensor:
     """Argmax decode of the solved state; a NaN/inf state or NaN logits raise NonFiniteStateError naming the
     settings (never token 0 decoded from NaN logits)."""
