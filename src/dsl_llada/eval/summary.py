@@ -12,7 +12,7 @@ from typing import Any
 from .. import __version__
 from ..utils import atomic_write_text
 from . import records as R
-from .config import EvalConfig
+from .eval_config import EvalConfig
 from .tasks import SummaryContext, get_task
 
 

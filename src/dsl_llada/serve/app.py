@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ..loading import encode_prompt
 from ..model import DSLModel
 from .batcher import DONE, Batcher, Job, QueueFull, ShuttingDown
-from .metrics import Metrics
+from .prometheus import Metrics
 from .runner import BatchRunner, JobResult, context_limit
 from .schemas import (
     ChatRequest,

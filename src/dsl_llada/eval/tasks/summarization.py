@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetSpec
+from ..eval_config import DatasetSpec
 from ..data import (
     Sample,
     check_usable,
