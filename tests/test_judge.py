@@ -314,6 +314,9 @@ def test_local_smollm2_judge_constrained_parses_all_and_free_text_is_refused(tmp
     a = _parse([str(ra), str(rb), "--out", str(tmp_path / "j"), "--nfe", "64", "--local", "smollm2", "--n", "3",
                 "--resamples", "200", "-q"])
     assert a.func(a) == 0
+    # at most one load (none when an earlier test of this process already shared the same SmolLM2 folder)
+    after_first = shared.LOADS.get("causal-lm", 0)
+    assert after_first - loads <= 1
     lines = [json.loads(x) for x in (tmp_path / "j" / "judgments.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == ["0", "1", "2"] and all(r["parsed"] for r in lines)
     for r in lines:
@@ -331,7 +334,7 @@ def test_local_smollm2_judge_constrained_parses_all_and_free_text_is_refused(tmp
     free = json.loads((tmp_path / "free" / "summary.json").read_text())
     assert free["parse_rate"] == 0.0 and free["win"] is None and "win rate withheld" in free["refused"]
     assert "win rate withheld" in (tmp_path / "free" / "summary.md").read_text()
-    assert shared.LOADS["causal-lm"] == loads + 1  # one load for both judge runs
+    assert shared.LOADS.get("causal-lm", 0) == after_first  # the second judge run reuses the first one's model
 
 
 def test_judge_help_lists_the_options(capsys):

@@ -47,7 +47,7 @@ def test_convert_keeps_every_tokenizer_file_and_the_prompt_ids(toy_backbone_dir,
 
     # end to end: the converted model's discrete path is the backbone, so `generate` must give the same tokens
     capsys.readouterr()
-    common = ["--prompt", PROMPT, "--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q"]
+    common = ["--prompt", PROMPT, "--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q", "--dtype", "float32"]
     assert main(["generate", "--model", str(toy_backbone_dir), "--output", str(tmp_path / "a.jsonl"), *common]) == 0
     assert main(["generate", "--model", str(out), "--output", str(tmp_path / "b.jsonl"), *common]) == 0
     ids = [json.loads((tmp_path / f).read_text())["response_ids"] for f in ("a.jsonl", "b.jsonl")]

@@ -64,11 +64,12 @@ def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype:
             "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest},
             # recorded only when set, so outputs written before these flags existed still resume
             **({"allow_special_tokens": True} if a.allow_special_tokens else {}),
-            **({"assume_released": True} if a.assume_released else {})}
+            **({"assume_released": True} if a.assume_released else {}),
+            **({"quantize": a.quantize} if a.quantize != "none" else {})}
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .loading import check_device, check_prompt_texts, default_device, parse_dtype, read_prompts
+    from .loading import check_device, check_prompt_texts, default_device, read_prompts, resolve_dtype
     from .records import RecordFile
 
     config = _sampler_config(a)
@@ -89,7 +90,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not 0 <= a.seed <= 2**63 - 1 - len(prompts):  # prompt i uses seed + i, a signed 64-bit generator seed
         raise ValueError(f"--seed {a.seed} is out of range: it must be in [0, {2**63 - 1 - len(prompts)}] "
                          f"(prompt i uses seed + i, a 64-bit generator seed)")
-    dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
+    dtype = str(resolve_dtype(a.dtype, device)).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # locked and checked before the model is loaded: nothing is written yet
@@ -107,6 +108,10 @@ def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str,
     from .loading import check_prompt_lengths, context_limit, encode_prompt, load_model, load_tokenizer, parse_dtype
 
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
+    if a.quantize != "none":
+        from .quantize import quantize_backbone
+
+        quantize_backbone(model, a.quantize)
     tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
                for p in prompts]
@@ -186,6 +191,10 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    if a.dry_run:
+        return _convert_dry_run(a)
+    if a.output is None:
+        raise ValueError("convert needs an OUTPUT folder (or --dry-run to only print the memory estimate)")
     from .locks import output_lock
     from .outputs import prepare_output_dir
     from .utils import remove_stale_temp_folders
@@ -204,6 +213,32 @@ def cmd_convert(a: argparse.Namespace) -> int:
         model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
     c = cfg.converter
     print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
+    return 0
+
+
+def _convert_dry_run(a: argparse.Namespace) -> int:
+    from .backbones.llada import LLaDAConfig
+    from .checkpoint import read_json
+    from .quantize import memory_estimate
+
+    data = read_json(Path(a.backbone) / "config.json", "backbone config")
+    if data.get("model_type", "llada") != "llada":
+        raise ValueError(f"--dry-run estimates LLaDA-architecture backbones (model_type 'llada'); {a.backbone} has "
+                         f"model_type={data.get('model_type')!r}")
+    cfg = LLaDAConfig.from_hf_dict(data, where=str(Path(a.backbone) / "config.json"))
+    noise_dim = _convert_config(a).converter.noise_dim
+    rows = [memory_estimate(cfg, noise_dim=noise_dim, dtype=dt, quantize=q)
+            for dt, q in (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))]
+    print(f"DSL model from {a.backbone}: d_model {cfg.d_model}, {cfg.n_layers} layers, vocabulary {cfg.vocab_size}, "
+          f"noise dim {noise_dim}: {rows[0]['parameters'] / 1e9:.2f} B parameters (nothing written)")
+    print("| weights | backbone linear GiB | embedding + norms GiB | converter + noise table GiB | total GiB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        name = r["dtype"] + (" + int8 backbone (--quantize int8)" if r["quantize"] == "int8" else "")
+        print(f"| {name} | {r['backbone_linear_gib']:.2f} | {r['backbone_other_gib']:.2f} | "
+              f"{r['dsl_converter_and_noise_gib']:.2f} | {r['total_gib']:.2f} |")
+    print("Weights only: activations, the converter's (256, V+1) fp32 buffer and logits come on top; the checkpoint "
+          f"on disk is written in --dtype ({a.dtype}).")
     return 0
 
 
@@ -244,7 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "same settings; refused when the settings differ)")
     gx.add_argument("--overwrite", action="store_true", help="replace an existing --output instead of resuming it")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on GPU, fp32 on CPU)")
+    g.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a CPU with "
+                   "native bf16 (AMX / AVX512-BF16), else fp32; the converter softmax, posterior and SDE state stay fp32)")
+    g.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: weight-only int8 backbone linear layers via torchao (about half a bf16 backbone's "
+                        "weight memory; measured quality cost in docs/benchmarks.md; needs dsl-llada[quantize])")
     g.add_argument("--max-error-rate", type=float, default=0.0, metavar="FRACTION",
                    help="exit 0 even though up to this fraction of the prompts failed (default 0: any failed prompt "
                         "makes the exit code 1; failed prompts are retried by the next run)")
@@ -254,7 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
-    c.add_argument("output", help="output folder (new or empty; never the backbone folder or one containing it)")
+    c.add_argument("output", nargs="?", default=None,
+                   help="output folder (new or empty; never the backbone folder or one containing it)")
+    c.add_argument("--dry-run", action="store_true",
+                   help="write nothing: print the weight memory the DSL model would need (fp32, bf16, bf16 + int8 "
+                        "backbone) from the backbone's config.json alone")
     c.add_argument("--overwrite", action="store_true",
                    help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
@@ -267,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="dsl-llada-demo", help="report folder (default ./dsl-llada-demo)")
     d.add_argument("--controls", action="store_true", help="also train the MDM-CPT and XDLM controls")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+                   help="backbone dtype of the sampling and error-correction stages (training is always fp32; default "
+                        "float32, which the documented tables use; auto: bf16 where the CPU has native bf16)")
     what = d.add_mutually_exclusive_group()
     what.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
                    "(trained or cached) instead of the demo's comparison; writes OUT/sweep/")

@@ -285,24 +285,29 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type != "cpu" or n < 16 * m or rows == 0:
         return x.topk(m, dim=-1)
     t = x[:, ::TOP_M_STRIDE].topk(k_sub, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    r, c = (x >= t).nonzero(as_tuple=True)
+    # candidates as flat row-major positions: 1-D gathers and scatters (2-D advanced indexing costs ~70 ns/element)
+    flat = (x >= t).view(-1).nonzero().squeeze(1)
+    r = torch.div(flat, n, rounding_mode="floor")
     counts = torch.bincount(r, minlength=rows)
     width = int(counts.max())
     if int(counts.min()) < m or width > n // 4:
         return x.topk(m, dim=-1)
-    pos = torch.arange(r.numel(), device=x.device) - (counts.cumsum(0) - counts)[r]
-    vals = x.new_full((rows, width), float("-inf"))
-    vals[r, pos] = x[r, c]
-    cols = torch.zeros((rows, width), dtype=torch.long, device=x.device)
-    cols[r, pos] = c
-    v, j = vals.topk(m, dim=-1)
-    return v, cols.gather(1, j)
+    slot = torch.arange(flat.numel(), device=x.device) - (counts.cumsum(0) - counts)[r] + r * width
+    vals = x.new_full((rows * width,), float("-inf")).index_copy_(0, slot, x.reshape(-1).index_select(0, flat))
+    cols = torch.zeros(rows * width, dtype=torch.long, device=x.device).index_copy_(0, slot, flat - r * n)
+    v, j = vals.view(rows, width).topk(m, dim=-1)
+    return v, cols.view(rows, width).gather(1, j)
 
 
-def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 1024) -> torch.Tensor:
+def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chunk: int = 256,
+                   workspace: Workspace | None = None) -> torch.Tensor:
     """Clean-token embedding estimate ê = sum_{v in top-M} p̃_v e_v (paper §3.2). logits (..., V) -> (..., d) fp32.
 
-    top_m = 0 uses the full softmax. Renormalising the top-M probabilities equals a softmax over the top-M logits;
+    Rows are processed `chunk` at a time (each row independently: the chunk size changes no value), so the fp32
+    working set stays chunk x V (130 MB at V = 126,464) whatever the batch. top_m = 0 uses the full softmax.
+    `workspace` (inference) keeps the fp32 copy of a chunk of bf16/fp16 logits between calls (no fresh 16-130 MB
+    allocation, so no page faults, per call). Renormalising the top-M probabilities equals a softmax over the top-M
+    logits;
     the gather of the M rows of E and their weighted sum are one `embedding_bag` per chunk of positions.
     """
     lead = logits.shape[:-1]
@@ -312,7 +317,13 @@ def posterior_mean(logits: torch.Tensor, E: torch.Tensor, top_m: int = 512, chun
     E32 = E.float()
     outs = []
     for s in range(0, flat.shape[0], chunk):
-        lc = flat[s: s + chunk].float()
+        part = flat[s: s + chunk]
+        if workspace is not None and part.dtype != torch.float32:
+            buf = workspace.get("posterior.logits32", (min(chunk, flat.shape[0]), flat.shape[1]), torch.float32,
+                                part.device)
+            lc = buf[: part.shape[0]].copy_(part)
+        else:
+            lc = part.float()
         if top_m and top_m < lc.shape[-1]:
             vals, idx = top_m_values(lc, top_m)
             p = flush_tiny(torch.softmax(vals, dim=-1))

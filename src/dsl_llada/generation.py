@@ -59,7 +59,7 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], conf
         if r.error is not None:
             return {"index": r.index, "prompt": prompts[r.index], "error": r.error, "sampler": name, "seed": r.seed}
         ids, out = r.response, r.output
-        assert ids is not None and out is not None  # a row without an error has its output
+        assert ids is not None and out is not None  # a row without an error has its tokens
         return {"index": r.index, "prompt": prompts[r.index], "response": tokenizer.decode(ids, skip_special_tokens=True),
                 "response_ids": ids, "length": len(ids), "sampler": name, "nfe": out.nfe,
                 "forward_passes": out.forward_passes, "seed": r.seed}

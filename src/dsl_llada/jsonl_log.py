@@ -141,6 +141,11 @@ class JsonlAppender:
             os.fsync(fd)
         self.end = size
 
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: used after close")
+        return self._fd
+
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Append the records as whole lines with one write (flushed, and fsynced per the policy); returns the
         bytes written. On failure the file is cut back to where this batch began and the error re-raised as an

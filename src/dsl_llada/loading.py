@@ -20,19 +20,44 @@ import torch
 from .backbones import load_backbone
 from .backbones.base import Backbone, CheckpointError
 from .checkpoint import checkpoint_files
+from .environment import has_native_bf16
 from .model import DSLModel
 
-__all__ = ["DTYPES", "check_device", "check_tokenizer_files", "check_prompt_lengths",
-           "check_prompt_texts", "context_limit", "default_device", "encode_messages",
-           "encode_prompt", "load_model", "load_tokenizer", "parse_dtype", "read_prompts", "special_spellings"]
+__all__ = ["DTYPES", "DTYPE_CHOICES", "auto_dtype", "check_device", "check_tokenizer_files", "check_prompt_lengths",
+           "check_prompt_texts", "context_limit", "default_device", "encode_messages", "encode_prompt", "load_model",
+           "load_tokenizer", "parse_dtype", "read_prompts", "resolve_dtype", "special_spellings"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
 
+DTYPE_CHOICES = ("auto", *sorted(DTYPES))
+"""What a `--dtype` option accepts: 'auto' (`auto_dtype`) or an explicit name."""
+
+
 def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype={name!r} is not valid; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def auto_dtype(device: str | torch.device) -> torch.dtype:
+    """The backbone dtype of the paper's precision recipe on this hardware: bf16 on a GPU and on a CPU that computes
+    bf16 natively (AMX-BF16 / AVX512-BF16 / arm bf16, read from the CPU flags), fp32 elsewhere (an AVX2-only CPU
+    emulates bf16 hundreds of times slower). The converter softmax, posterior mean and SDE state stay fp32 in any
+    case (converter.py, sampling/sde.py)."""
+    kind = torch.device(device).type
+    if kind == "cuda" or (kind == "cpu" and has_native_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_dtype(name: str | None, device: str | torch.device) -> torch.dtype:
+    """A `--dtype` value to a torch dtype: None or 'auto' -> `auto_dtype(device)`, else `parse_dtype`."""
+    if name is None or name == "auto":
+        return auto_dtype(device)
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r} is not valid; expected one of {list(DTYPE_CHOICES)}")
     return DTYPES[name]
 
 

@@ -23,6 +23,7 @@ from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenize
     write_safetensors
 from .config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
+from .numerics import Workspace
 from .errors import CheckpointError
 from .utils import atomic_directory
 
@@ -69,6 +70,19 @@ class DSLModel(nn.Module):
             model.noise_embed.init_random(torch.Generator().manual_seed(cc.noise_seed))
         model.converter.init_from_backbone(wte, backbone.special.mask)
         return model
+
+    def to_compute_dtype(self, dtype: torch.dtype) -> "DSLModel":
+        """Cast in place to the paper's precision recipe for `dtype` (as `from_pretrained(dtype=...)` loads): the
+        backbone and the converter's value map W, c (and residual projection) in `dtype`; the noise table E, the
+        converter's logit bias and beta stay fp32 (the (V+1)-way softmax and the posterior mean read them in
+        fp32)."""
+        self.backbone.to(dtype)
+        for module in (self.converter.backbone_embedding, self.converter.residual_proj):
+            if module is not None:
+                module.to(dtype)
+        if self.converter.mask_key is not None:
+            self.converter.mask_key.data = self.converter.mask_key.data.to(dtype)
+        return self
 
     # -- properties --------------------------------------------------------------------------------
     @property
@@ -136,9 +150,10 @@ class DSLModel(nn.Module):
         """Discrete path: token ids through the backbone's own input embedding (as the authors' remasking)."""
         return self.backbone(self.backbone.embed(ids), attention_mask, positions=positions)
 
-    def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None) -> torch.Tensor:
+    def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None,
+                       workspace: Workspace | None = None) -> torch.Tensor:
         """Denoiser: top-M renormalised posterior mean over the noise embedding, (..., V) -> (..., d)."""
-        return posterior_mean(logits, self.unit_noise() if E is None else E, top_m)
+        return posterior_mean(logits, self.unit_noise() if E is None else E, top_m, workspace=workspace)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def dsl_state_dict(self) -> dict[str, torch.Tensor]:
@@ -189,7 +204,8 @@ class DSLModel(nn.Module):
         config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
             infer_released_config(folder, names)
         backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
-        model = cls(backbone, config)
+        with torch.device("meta"):  # the noise table and converter are the checkpoint's tensors (assigned below): an
+            model = cls(backbone, config)  # fp32 (H, V+1) converter is never allocated or initialised (2 GB at 8B)
         expected = set(model.dsl_state_dict())
         dsl_names = {k for k in names if k.startswith(DSL_PREFIXES)} - set(IGNORED_DSL_KEYS)
         unknown, missing = sorted(dsl_names - expected), sorted(expected - dsl_names)
@@ -201,8 +217,6 @@ class DSLModel(nn.Module):
                 tensors[k] = v.float()
             elif v.is_floating_point():
                 tensors[k] = v.to(dtype)
-        model.noise_embed.to(device)
-        model.converter.to(device)
         shapes = {k: tuple(v.shape) for k, v in model.dsl_state_dict().items()}
         for k, v in tensors.items():
             if tuple(v.shape) != shapes[k]:

@@ -54,7 +54,8 @@ class ModelSpec(ConfigBase):
     gguf_file: str | None = None
     """causal-lm only: a GGUF file name inside `path` (transformers' gguf_file loading)."""
     dtype: str | None = None
-    """'float32' / 'bfloat16' / 'float16'; None = bfloat16 on CUDA, float32 on CPU."""
+    """'float32' / 'bfloat16' / 'float16'; None or 'auto' = `loading.auto_dtype` (bf16 on CUDA and on a CPU with
+    native bf16, else fp32)."""
 
     def __post_init__(self) -> None:
         _name_ok(self.name, "model")
@@ -62,9 +63,10 @@ class ModelSpec(ConfigBase):
         _check(self.kind in MODEL_KINDS, f"model {self.name!r}: kind={self.kind!r} is not valid; expected one of {list(MODEL_KINDS)}")
         _check(self.gguf_file is None or self.kind == "causal-lm", f"model {self.name!r}: gguf_file needs kind 'causal-lm'")
         if self.dtype is not None:
-            from ..loading import DTYPES
+            from ..loading import DTYPE_CHOICES
 
-            _check(self.dtype in DTYPES, f"model {self.name!r}: dtype={self.dtype!r} is not valid; expected one of {sorted(DTYPES)}")
+            _check(self.dtype in DTYPE_CHOICES, f"model {self.name!r}: dtype={self.dtype!r} is not valid; expected one of "
+                                                f"{list(DTYPE_CHOICES)}")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
+from ..loading import encode_prompt, load_model, load_tokenizer, resolve_dtype
 from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
@@ -46,8 +46,7 @@ class DSLLadaLM(LM):
                  dtype: str | None = None, chat_template: bool | str = True, max_length: int | None = None,
                  rolling_context: int | None = None, **sampler_fields: Any):
         super().__init__()
-        dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
-        self.model = load_model(model_dir, dtype=parse_dtype(dtype), device=device)
+        self.model = load_model(model_dir, dtype=resolve_dtype(dtype, device), device=device)
         self.tok = load_tokenizer(tokenizer or model_dir)
         self.config = sampler_settings(sampler, **sampler_fields)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8

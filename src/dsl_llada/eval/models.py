@@ -31,9 +31,9 @@ class Loaded:
 
 
 def resolve_dtype(spec: ModelSpec, device: str) -> torch.dtype:
-    from ..loading import parse_dtype
+    from ..loading import resolve_dtype as dtype_of
 
-    return parse_dtype(spec.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    return dtype_of(spec.dtype, device)
 
 
 def load_tokenizer_for(spec: ModelSpec):

@@ -95,4 +95,4 @@ class Denoiser:
     def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(ê, logits): the top-M posterior mean over E (B, W, d) and the window logits it came from."""
         logits = self.logits(y, gamma)
-        return self.model.posterior_mean(logits, self.top_m, self.noise_table), logits
+        return self.model.posterior_mean(logits, self.top_m, self.noise_table, workspace=self.workspace), logits

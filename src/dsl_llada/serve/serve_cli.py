@@ -15,7 +15,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool) -> None:
                         "; default: the embedded toy world's DSL model (trained by `demo --quick` once, then cached)"))
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a "
+                                                   "CPU with native bf16, else fp32)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
 
@@ -44,11 +45,11 @@ def add_serve_parser(sub) -> None:
 
 def _load(a: argparse.Namespace):
     from ..backbones import resolve_model_path
-    from ..loading import default_device, load_model, load_tokenizer, parse_dtype
+    from ..loading import default_device, load_model, load_tokenizer, resolve_dtype
 
     device = a.device or default_device()
     path = resolve_model_path(a.model)
-    dtype = parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    dtype = resolve_dtype(a.dtype, device)
     model = load_model(path, dtype=dtype, device=device)
     return model, load_tokenizer(a.tokenizer or path), Path(path)
 

@@ -26,6 +26,7 @@ from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import SpecialTokens
 from ..config import ConfigBase, ConverterConfig, DSLConfig
+from ..loading import DTYPES
 from ..eval.report import markdown_table, pivot, plot_nfe_curves
 from ..model import DSLModel
 from ..utils import atomic_write_text
@@ -67,14 +68,17 @@ class DemoConfig(ConfigBase):
     n_eval_summarize: int = 24
     nfes: tuple = (4, 8, 16, 32, 64)
     batch_size: int = 48
+    dtype: str = "float32"
+    """Backbone dtype of the evaluation stages (sampling, error correction): 'float32' or 'bfloat16' (the paper's
+    recipe, `DSLModel.to_compute_dtype`); training is always fp32 and the cached checkpoints are fp32."""
 
     _nested = {"pretrain": TrainStage, "cpt": TrainStage}
 
     @classmethod
-    def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0) -> "DemoConfig":
+    def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, dtype: str = "float32") -> "DemoConfig":
         if not quick:
-            return cls(seed=seed, controls=controls)
-        return cls(seed=seed, quick=True, controls=controls, n_train=2000, n_eval_open=16, n_eval_summarize=8,
+            return cls(seed=seed, controls=controls, dtype=dtype)
+        return cls(seed=seed, quick=True, controls=controls, dtype=dtype, n_train=2000, n_eval_open=16, n_eval_summarize=8,
                    nfes=(4, 16, 64), pretrain=TrainStage(objective="mdm", steps=400, lr=2e-3, warmup=40, stratified_t=True),
                    cpt=TrainStage(objective="dsl", steps=120, lr=1e-3, warmup=10))
 
@@ -117,6 +121,12 @@ def verify_checksums(folder: Path) -> str | None:
 
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
+    fp32; a bare backbone is cast whole)."""
+    return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)
 
 
 def _special(tok) -> SpecialTokens:
@@ -254,6 +264,8 @@ class Demo:
             for obj in ("mdm", "xdlm"):
                 models[obj] = self.adapted(base, train, obj).eval()
             methods += list(CONTROL_METHODS)
+        if self.cfg.dtype != "float32":
+            models = {k: cast_for_inference(m, DTYPES[self.cfg.dtype]) for k, m in models.items()}
         self.echo(f"[3/4] sampling {len(evals)} held-out prompts x {len(methods)} methods x NFE {list(self.cfg.nfes)}")
         t = time.perf_counter()
         records = sample_records(models, self.world, self.tok, evals, methods, self.cfg.nfes,
@@ -324,7 +336,8 @@ def render_report(demo: Demo, rows, fixclean, models) -> str:
         f"Pretrained {cfg.pretrain.steps} MDM steps; DSL-adapted {cfg.cpt.steps} steps (noise dim {cfg.noise_dim}, "
         f"trained beta {dsl.trained_beta:.3f}). Held-out prompts: {cfg.n_eval_open} open-ended, "
         f"{cfg.n_eval_summarize} summarisation. Perplexity is exact under the world's true distribution "
-        f"(epsilon-smoothed, see docs/toy-world.md).", "",
+        f"(epsilon-smoothed, see docs/toy-world.md)." + (f" Sampled with the backbone in {cfg.dtype} (converter softmax, "
+                                                         f"posterior mean and SDE state fp32)." if cfg.dtype != "float32" else ""), "",
         "SDE rows: **DSL-SDE** is the paper's defaults (eta by NFE, beta_inf = 2 x trained beta, top-M 512, sensitive "
         "schedule) run with the authors' sampler, noise also in the Heun predictor, so a step adds (eta/gamma_{s+1}) dW; "
         "**DSL-SDE (Alg. 2 as printed)** puts the noise only in the final update, 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW "
@@ -362,7 +375,10 @@ def run_demo_cli(args) -> int:
     from ..outputs import prepare_output_dir
 
     prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
-    cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed)
+    from ..loading import auto_dtype
+
+    dtype = str(auto_dtype("cpu")).removeprefix("torch.") if args.dtype == "auto" else args.dtype
+    cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed, dtype=dtype)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)
