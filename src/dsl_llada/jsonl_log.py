@@ -112,12 +112,6 @@ class JsonlAppender:
             self.close()
             raise
 
-    def _open_fd(self) -> int:
-        """The open file's descriptor; ValueError naming the file once it is closed."""
-        if self._fd is None:
-            raise ValueError(f"{self.path} is closed")
-        return self._fd
-
     def _complete_end(self) -> int:
         """Byte length of the file's complete lines, reading back from its end in chunks."""
         size = os.fstat(self._open_fd()).st_size
