@@ -53,7 +53,7 @@ def build(root: Path) -> dict[str, Path]:
 
 
 def config(models: dict[str, Path]):
-    from dsl_llada.eval.config import EvalConfig
+    from dsl_llada.eval.eval_config import EvalConfig
 
     return EvalConfig.from_dict({
         "models": [{"name": "dsl", "path": str(models["dsl"])}, {"name": "mdm", "path": str(models["mdm"])}],

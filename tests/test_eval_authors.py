@@ -218,7 +218,7 @@ def test_reasoning_task_scores_each_mode_with_its_own_gold():
 
     from eval_fixtures import data_dir
 
-    from dsl_llada.eval.config import DatasetSpec
+    from dsl_llada.eval.eval_config import DatasetSpec
     from dsl_llada.eval.tasks.reasoning import ReasoningTask
 
     d = data_dir()

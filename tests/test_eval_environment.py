@@ -7,7 +7,7 @@ import json
 import pytest
 from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
-from dsl_llada.eval.config import EvalConfig
+from dsl_llada.eval.eval_config import EvalConfig
 from dsl_llada.eval.runner import run_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,7 @@ from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (ses
 
 from dsl_llada.cli import main
 from dsl_llada.config import ConfigError
-from dsl_llada.eval.config import EvalConfig, apply_overrides, load_eval_config
+from dsl_llada.eval.eval_config import EvalConfig, apply_overrides, load_eval_config
 from dsl_llada.eval.data import DataError
 from dsl_llada.eval.runner import run_eval
 

@@ -9,7 +9,7 @@ import pytest
 from eval_fixtures import base_config, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.config import ConfigError
-from dsl_llada.eval.config import EvalConfig
+from dsl_llada.eval.eval_config import EvalConfig
 from dsl_llada.eval.runner import prepare_run_dir, run_inputs
 from dsl_llada.fingerprints import (code_fingerprint, folder_fingerprints, tokenizer_fingerprint,
                                     tokenizer_object_fingerprint, weights_fingerprint)

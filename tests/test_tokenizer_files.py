@@ -17,7 +17,7 @@ from dsl_llada.loading import encode_prompt, load_tokenizer
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 from dsl_llada.train.builtin_tokenizers import builtin_tokenizer
 from dsl_llada.train.components import _byte_encode, _ids_encode
-from dsl_llada.train.config import TrainConfig
+from dsl_llada.train.train_config import TrainConfig
 from dsl_llada.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from dsl_llada.model import DSLModel
 from dsl_llada.train import trainer as trainer_mod
 from dsl_llada.train.checkpointing import flatten_tree, load_tree, save_tree, unflatten_tree
 from dsl_llada.train.components import ObjectiveModule
-from dsl_llada.train.config import TrainConfig, apply_overrides, load_train_config, parse_override_value
+from dsl_llada.train.train_config import TrainConfig, apply_overrides, load_train_config, parse_override_value
 from dsl_llada.train.objectives import ObjectiveOutput, get_objective
 from dsl_llada.train.optim import apply_freezing, build_optimizer, param_groups, register_converter_grad_hooks
 from dsl_llada.train.trainer import TrainingDiverged, train

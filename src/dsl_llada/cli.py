@@ -368,15 +368,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     try:
-        from .train.cli import add_train_parser
+        from .train.train_cli import add_train_parser
     except ImportError:
         pass
     else:
         add_train_parser(sub)
-    from .eval.cli import add_eval_parser
+    from .eval.eval_cli import add_eval_parser
 
     add_eval_parser(sub)
-    from .serve.cli import add_serve_parser
+    from .serve.serve_cli import add_serve_parser
 
     add_serve_parser(sub)
     from .eval.lmeval_cli import add_lmeval_parser

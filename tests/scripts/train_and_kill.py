@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_common import corpus, letters
 
-from dsl_llada.train.config import TrainConfig
+from dsl_llada.train.train_config import TrainConfig
 from dsl_llada.train.trainer import train
 
 

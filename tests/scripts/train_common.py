@@ -12,7 +12,7 @@ import torch
 
 from dsl_llada.backbones import save_backbone
 from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
-from dsl_llada.train.config import TrainConfig
+from dsl_llada.train.train_config import TrainConfig
 from dsl_llada.train.objectives import ObjectiveOutput, get_objective
 
 VOCAB = 64  # [MASK] = 63, EOS = 62 (tiny_llada_config defaults); letters a..t are ids 0..19

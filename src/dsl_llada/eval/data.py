@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import DatasetSpec
+from .eval_config import DatasetSpec
 
 
 class DataError(ValueError):

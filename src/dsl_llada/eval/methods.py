@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import BLOCK_SDE, REMASK, REMDM, SDE, ConfigError
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
-from .config import MethodSpec
+from .eval_config import MethodSpec
 
 _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "dsl-sde": (SDE, {}),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from .config import MethodSpec, ModelSpec
+from .eval_config import MethodSpec, ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from ..config import ConfigError
 from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
 from . import records as R
-from .config import EvalConfig, MethodSpec, config_diff
+from .eval_config import EvalConfig, MethodSpec, config_diff
 from .data import Sample
 from .tasks import get_task
 

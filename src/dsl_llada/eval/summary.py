@@ -13,7 +13,7 @@ from .. import __version__
 from ..environment import environment_footer
 from ..utils import atomic_write_text
 from . import records as R
-from .config import EvalConfig
+from .eval_config import EvalConfig
 from .tasks import SummaryContext, get_task
 
 

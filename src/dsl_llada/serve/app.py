@@ -25,7 +25,7 @@ from ..environment import environment_record
 from ..loading import encode_prompt
 from ..model import DSLModel
 from .batcher import DONE, Batcher, Job, QueueFull, ShuttingDown
-from .metrics import Metrics
+from .prometheus import Metrics
 from .runner import BatchRunner, JobResult, context_limit
 from .schemas import (
     ChatRequest,

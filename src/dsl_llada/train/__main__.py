@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from .train_cli import main
 
 sys.exit(main())

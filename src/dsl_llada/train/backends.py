@@ -29,7 +29,7 @@ from torch import nn
 from ..config import ConfigError
 from .checkpointing import MODEL_PREFIX, load_tree, save_tree
 from .components import ObjectiveModule, configure_deepspeed, shard_fsdp2
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .optim import clip_grad_norm_sharded, register_converter_grad_hooks, scale_converter_grads
 
 __all__ = ["Backend", "DeepSpeedBackend", "FSDP2Backend", "PlainBackend", "make_backend"]

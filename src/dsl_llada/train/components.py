@@ -17,7 +17,7 @@ from ..backbones.llada import LLaDABackbone, LLaDAConfig
 from ..checkpoint import checkpoint_files
 from ..config import ConfigError
 from ..model import DSL_PREFIXES, DSLModel
-from .config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
+from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
 logger = logging.getLogger("dsl_llada.train")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from .config import TrainConfig
+from .train_config import TrainConfig
 
 logger = logging.getLogger("dsl_llada.train")
 

@@ -34,7 +34,7 @@ from . import monitor
 from .backends import Backend, make_backend
 from .components import ObjectiveModule, backbone_of, enable_gradient_checkpointing, flat_config, \
     load_training_model, make_accelerator, resolve_tokenizer, tokenizer_for_checkpoints
-from .config import SCRATCH, TrainConfig
+from .train_config import SCRATCH, TrainConfig
 from .data import make_dataloader
 from .metrics_log import METRICS_FILE, LogWindow, append_record
 from .objectives import ObjectiveOutput, check_finite, get_objective

@@ -6,7 +6,7 @@ from .base import SamplingTask, SummaryContext, TaskSummary
 
 
 def get_task(name: str):
-    """The task implementing `name` (one of dsl_llada.eval.config.TASK_NAMES)."""
+    """The task implementing `name` (one of dsl_llada.eval.eval_config.TASK_NAMES)."""
     if name == "generation":
         from .generation import GenerationTask
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetSpec, EvalConfig, TaskSpec
+from ..eval_config import DatasetSpec, EvalConfig, TaskSpec
 from ..data import Sample
 
 

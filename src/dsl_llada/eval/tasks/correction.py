@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import DatasetSpec, ModelSpec
+from ..eval_config import DatasetSpec, ModelSpec
 from ..data import (
     DataError,
     Sample,

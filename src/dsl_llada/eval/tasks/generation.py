@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetSpec
+from ..eval_config import DatasetSpec
 from ..data import (
     Sample,
     check_usable,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import DatasetSpec, ModelSpec
+from ..eval_config import DatasetSpec, ModelSpec
 from ..data import Sample, check_usable, pick_field, read_rows, row_id, sliced
 from .base import SummaryContext, TaskSummary, usable_paths
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...stats import bootstrap_ratio
-from ..config import DatasetSpec
+from ..eval_config import DatasetSpec
 from ..data import (
     Sample,
     check_usable,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...stats import bootstrap_ratio
-from ..config import DatasetSpec
+from ..eval_config import DatasetSpec
 from ..data import (
     Sample,
     check_usable,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..config import DatasetSpec
+from ..eval_config import DatasetSpec
 from ..data import Sample
 from ..walltime import choose_prompts, plot_walltime
 from .base import SamplingTask, SummaryContext, TaskSummary, group_records

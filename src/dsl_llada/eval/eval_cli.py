@@ -60,7 +60,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_eval_run(a: argparse.Namespace) -> int:
-    from .config import load_eval_config
+    from .eval_config import load_eval_config
     from .runner import run_eval
 
     cfg = load_eval_config(a.config, a.overrides)

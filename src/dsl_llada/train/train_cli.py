@@ -59,7 +59,7 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Load the config, train, print a one-line JSON summary (main process). Returns the exit code."""
-    from .config import load_train_config
+    from .train_config import load_train_config
     from .trainer import TrainingDiverged, train
 
     config = load_train_config(args.config, args.overrides)
