@@ -174,28 +174,40 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     from dsl_llada.toy import cache_frontier
     from dsl_llada.toy.cache_frontier import FrontierConfig, variants
 
-    fc = FrontierConfig(sde_nfe=2, remask_steps=8, n_open=3, n_summarize=1, rounds=2, batch_size=4)
+    fc = FrontierConfig(sde_nfe=2, remask_steps=8, n_open=3, n_summarize=1, rounds=2, batch_size=4, modes=("dual",),
+                        refreshes=(2,), tolerances=(1e-3,))
     rows = _micro_demo(tmp_path).cache_frontier(fc)
-    assert len(variants(fc)) == 14 and len(rows) == 14
+    # Block SDE: 2 dtypes x 2 converters x (exact, dual R=2); SDE: 2 x 2 x exact; remasking: 2 dtypes x 2 caches
+    assert len(variants(fc)) == 8 + 4 + 4 and len(rows) == 16
     labels = [(r["sampler"], r["label"]) for r in rows]
-    assert labels[:4] == [("Block SDE", "R=1 (exact)"), ("Block SDE", "dual, R=2"), ("Block SDE", "dual, R=4"),
-                          ("Block SDE", "dual, R=never")]
-    assert labels[7] == ("Block remasking", "R=1 (exact)")
+    assert labels[:4] == [("Block SDE", "R=1 (exact)"), ("Block SDE", "dual, R=2"),
+                          ("Block SDE", "R=1 (exact), sparse 0.001"), ("Block SDE", "dual, R=2, sparse 0.001")]
+    assert labels[4] == ("Block SDE", "R=1 (exact), bf16") and labels[7] == ("Block SDE", "dual, R=2, bf16, sparse 0.001")
+    assert labels[8:12] == [("SDE", "R=1 (exact)"), ("SDE", "R=1 (exact), sparse 0.001"), ("SDE", "R=1 (exact), bf16"),
+                            ("SDE", "R=1 (exact), bf16, sparse 0.001")]
+    assert labels[12:] == [("Block remasking", "R=1 (exact)"), ("Block remasking", "dual, R=2"),
+                           ("Block remasking", "R=1 (exact), bf16"), ("Block remasking", "dual, R=2, bf16")]
     for r in rows:
         assert r["n"] == 4 and r["rounds"] == 2
         assert r["seconds_min"] <= r["seconds_per_sample"] <= r["seconds_max"]
         assert r["open"]["n"] == 3 and r["summarize"]["n"] == 1
-        if r["mode"] == "off":
-            assert r["same_tokens"] == 100.0 and r["speedup"] == 1.0
+        lo, hi = r["open"]["ppl_ci"]
+        assert lo <= r["open"]["ppl"] <= hi and len(r["summarize"]["rougeL_ci"]) == 2
+        if r["label"] == "R=1 (exact)":
+            assert r["same_tokens"] == 100.0 and r["speedup"] == 1.0 and r["dtype"] == "float32"
         else:
             assert 0.0 <= r["same_tokens"] <= 100.0
     out = tmp_path / "cache_frontier"
     runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 28 and sorted({r["round"] for r in runs}) == [0, 1]
-    assert sum("open" in r for r in runs) == 14  # quality scored once per variant
+    assert len(runs) == 32 and sorted({r["round"] for r in runs}) == [0, 1]
+    assert sum("open" in r for r in runs) == 16  # quality scored once per variant
+    assert {(r["dtype"], r["tolerance"]) for r in runs if r["sampler"] == "SDE"} == {
+        ("float32", 0.0), ("float32", 1e-3), ("bfloat16", 0.0), ("bfloat16", 1e-3)}
+    assert {r["config"]["converter_tolerance"] for r in runs if r["sampler"] != "Block remasking"} == {0.0, 1e-3}
     table = (out / "frontier.md").read_text()
-    assert table.count("\n| ") == 1 + 14 + 1  # header, the variants, the world's own samples
-    assert "| Block remasking | prefix, R=never |" in table and "| World (true samples) |" in table
+    assert table.count("\n| ") == 1 + 16 + 1  # header, the variants, the world's own samples
+    assert "| Block remasking | dual, R=2, bf16 |" in table and "| World (true samples) |" in table
+    assert "Recommended points:" in table and "- DSL model (any SDE): recommended " in table
     assert (out / "frontier.png").stat().st_size > 10_000
     assert json.loads((out / "config.json").read_text())["frontier"] == fc.to_dict()
 
@@ -207,11 +219,65 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     assert [r["seconds_per_sample"] for r in again] == [r["seconds_per_sample"] for r in rows]
 
 
+def test_cache_frontier_bf16_leaves_the_callers_models_fp32(tmp_path, monkeypatch):
+    from dsl_llada.toy import demo as demo_module
+    from dsl_llada.toy.cache_frontier import FrontierConfig, run_frontier
+
+    seen = {}
+
+    def spy(models, *a, **k):
+        seen.update(models)
+        return run_frontier(models, *a, **k)
+
+    monkeypatch.setattr(demo_module, "run_frontier", spy)
+    fc = FrontierConfig(sde_nfe=2, remask_steps=4, n_open=1, n_summarize=0, batch_size=2, modes=("dual",),
+                        refreshes=(0,), tolerances=(), whole_sde=False)
+    rows = _micro_demo(tmp_path).cache_frontier(fc)
+    assert [r["dtype"] for r in rows] == ["float32"] * 2 + ["bfloat16"] * 2 + ["float32"] * 2 + ["bfloat16"] * 2
+    assert {next(m.backbone.parameters() if hasattr(m, "backbone") else m.parameters()).dtype
+            for m in seen.values()} == {torch.float32}
+
+
+def _row(sampler, label, sec, ppl_ci, ins_ci=(90.0, 100.0), rouge_ci=(40.0, 50.0), mode="off", dtype="float32",
+         tolerance=0.0):
+    return {"sampler": sampler, "label": label, "mode": mode, "refresh": 1, "dtype": dtype, "tolerance": tolerance,
+            "seconds_per_sample": sec, "seconds_min": sec, "seconds_max": sec, "n": 3,
+            "open": {"ppl": sum(ppl_ci) / 2, "ppl_ci": list(ppl_ci), "in_support": sum(ins_ci) / 2,
+                     "in_support_ci": list(ins_ci)},
+            "summarize": {"rougeL": sum(rouge_ci) / 2, "rougeL_ci": list(rouge_ci)}}
+
+
+def test_frontier_recommends_the_fastest_point_within_exact_intervals():
+    from dsl_llada.toy.frontier_report import recommendation_lines, recommendations, within_exact
+
+    exact = _row("Block SDE", "R=1 (exact)", 1.0, (2.0, 3.0))
+    ok = _row("Block SDE", "dual, R=2", 0.5, (2.8, 3.5), mode="dual")  # overlaps on every metric
+    fastest_bad_ppl = _row("Block SDE", "dual, R=never", 0.2, (3.3, 4.0), mode="dual")
+    fastest_bad_rouge = _row("Block SDE", "bf16", 0.1, (2.0, 3.0), rouge_ci=(10.0, 39.9), dtype="bfloat16")
+    assert within_exact(ok, exact) and not within_exact(fastest_bad_ppl, exact)
+    assert not within_exact(fastest_bad_rouge, exact)
+    no_rouge = dict(ok, summarize=None)
+    assert not within_exact(no_rouge, exact)  # a metric only the exact row has cannot be checked: not recommended
+    whole = _row("SDE", "R=1 (exact)", 2.0, (2.5, 3.2))
+    whole_bf16 = _row("SDE", "R=1 (exact), bf16", 0.4, (2.4, 3.3), dtype="bfloat16")
+    recs = {scope: (best["label"], ref["label"]) for scope, best, ref in
+            recommendations([exact, ok, fastest_bad_ppl, fastest_bad_rouge, whole, whole_bf16])}
+    assert recs == {"Block SDE": ("dual, R=2", "R=1 (exact)"), "SDE": ("R=1 (exact), bf16", "R=1 (exact)"),
+                    "DSL model (any SDE)": ("R=1 (exact), bf16", "R=1 (exact)")}
+    lines = recommendation_lines([exact, ok, whole])
+    assert lines[0].startswith("Block SDE: recommended Block SDE [dual, R=2] at 2.0 samples/s, 2.00x exact fp32")
+    assert lines[-1].startswith("DSL model (any SDE): recommended Block SDE [dual, R=2] at 2.0 samples/s, 4.00x exact")
+    # nothing within the intervals and faster: the exact point itself
+    assert recommendations([exact, fastest_bad_ppl])[0][1] is exact
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"refreshes": (1,)}, r"refreshes=\[1\]: each must be an int 0 \(never\) or >= 2"),
     ({"modes": ("off",)}, r"modes=\['off'\]: choose from \['dual', 'prefix'\]"),
     ({"sde_nfe": 3}, "sde_nfe=3 must be an even int >= 2"),
     ({"remask_steps": 30}, "remask_steps=30 must be a multiple of blocks=4"),
+    ({"dtypes": ("float16",)}, r"dtypes=\['float16'\]: choose distinct values from \['float32', 'bfloat16'\]"),
+    ({"tolerances": (0.0,)}, r"tolerances=\[0.0\]: each must be a float in \(0, 1\)"),
 ])
 def test_frontier_config_errors(kw, message):
     from dsl_llada.toy.cache_frontier import FrontierConfig

@@ -359,9 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--sweep", action="store_true", help="run the paper's SDE sensitivity sweep on the demo's checkpoints "
                    "(trained or cached) instead of the demo's comparison; writes OUT/sweep/")
     what.add_argument("--cache-frontier", action="store_true",
-                   help="measure approximate KV caching (prefix/dual, refresh R in 1, 2, 4, never) for Block SDE and "
-                        "block remasking on the demo's checkpoints: exact PPL, in-support %%, ROUGE-L and token "
-                        "agreement vs seconds per sample; writes OUT/cache_frontier/")
+                   help="the quality-speed frontier on the demo's checkpoints: KV caching (prefix/dual, refresh R in "
+                        "1, 2, 4, never), a bf16 backbone and the sparse converter, alone and combined, for Block SDE, "
+                        "whole-response SDE and block remasking: exact PPL, in-support %%, ROUGE-L (95 %% intervals) "
+                        "and token agreement vs samples per second, and the recommended point (the fastest within "
+                        "exact fp32's intervals); writes OUT/cache_frontier/")
     d.add_argument("--sweep-prompts", type=int, default=None, metavar="N",
                    help="sweep: N open-ended + N/2 summarisation prompts (default 96; 8 with --quick)")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

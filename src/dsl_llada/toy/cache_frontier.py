@@ -1,16 +1,20 @@
-"""`dsl-llada demo --cache-frontier`: what approximate key/value caching costs, measured with exact likelihood.
+"""`dsl-llada demo --cache-frontier`: the quality-speed frontier of the exact and approximate speed options.
 
-Fast-dLLM-style prefix/dual caching (`sampling/kv_cache.py`) reuses stale keys/values between full forwards. On the
-toy world the true distribution is known, so its effect on quality is measured exactly: for Block SDE (the DSL
-model) and block remasking (the pretrained masked DLM) at R in {1 (exact), 2, 4, never}, the open-ended exact
-perplexity and in-support %, the summarisation ROUGE-L and the share of tokens equal to the exact sampler's,
-against seconds per sample. Variants are timed in interleaved rounds (median per variant). Writes
-OUT/cache_frontier/: runs.jsonl (one line per variant and round, appended as each finishes; a rerun resumes),
-samples.jsonl (round 1's outputs), frontier.md (the table) and frontier.png.
+Options measured, alone and combined: Fast-dLLM-style prefix/dual key/value caching (`sampling/kv_cache.py`, which
+reuses stale keys/values between full forwards) at refresh R in {1 (exact), 2, 4, never}; the backbone in bf16 (the
+paper's precision recipe, `DSLModel.to_compute_dtype`); the sparse converter (`SDEConfig.converter_tolerance`). On
+the toy world the true distribution is known, so quality is measured exactly: for Block SDE and whole-response SDE
+(the DSL model) and block remasking (the pretrained masked DLM), the open-ended exact perplexity and in-support %,
+the summarisation ROUGE-L (each with its 95 % bootstrap interval over prompts) and the share of tokens equal to the
+exact fp32 sampler's, against samples per second. Variants are timed in interleaved rounds (median per variant).
+Writes OUT/cache_frontier/: runs.jsonl (one line per variant and round, appended as each finishes; a rerun
+resumes), samples.jsonl (round 1's outputs), frontier.md (the table and the recommended points) and frontier.png.
+The report (table, recommendation, plot) is `frontier_report.py`.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import statistics
@@ -23,9 +27,9 @@ from typing import Any
 import torch
 
 from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
-from ..eval.report import markdown_table
+from ..loading import DTYPES
 from ..sampling.batches import run_batches
-from ..utils import atomic_write_text, save_figure
+from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
 from ..fingerprints import sampling_key
 from .evaluate import aggregate, score_record
@@ -47,6 +51,14 @@ class FrontierConfig(ConfigBase):
     """Cached variants' refresh intervals R (0 = only at each block's start); R = 1 is the exact sampler."""
     modes: tuple = ("dual", "prefix")
     """Cache modes measured."""
+    dtypes: tuple = ("float32", "bfloat16")
+    """Backbone dtypes measured (bf16 = the paper's recipe: converter softmax, posterior and SDE state stay fp32).
+    Only pick bf16 where the hardware computes it natively (`loading.auto_dtype`): emulated it is ~400x slower."""
+    tolerances: tuple = (1e-3,)
+    """Sparse-converter tolerances measured for the SDE samplers (each also with every cache and dtype; the dense
+    converter, tolerance 0, is always measured)."""
+    whole_sde: bool = True
+    """Also measure whole-response SDE (one block: the authors' `sde_generate` setting; no cache)."""
     n_open: int = 48
     """Held-out open-ended prompts (the demo's test split)."""
     n_summarize: int = 24
@@ -67,56 +79,88 @@ class FrontierConfig(ConfigBase):
         bad = [m for m in self.modes if m not in CACHE_MODES or m == "off"]
         if bad or not self.modes:
             raise ConfigError(f"modes={list(self.modes)!r}: choose from ['dual', 'prefix']")
+        if not self.dtypes or any(d not in ("float32", "bfloat16") for d in self.dtypes) or \
+                len(set(self.dtypes)) != len(self.dtypes):
+            raise ConfigError(f"dtypes={list(self.dtypes)!r}: choose distinct values from ['float32', 'bfloat16']")
+        if any(not isinstance(t, float) or not 0.0 < t < 1.0 for t in self.tolerances):
+            raise ConfigError(f"tolerances={list(self.tolerances)!r}: each must be a float in (0, 1) "
+                              f"(0 = the dense converter, always measured)")
         if self.n_open < 1 or self.n_summarize < 0 or self.batch_size < 1 or self.rounds < 1:
             raise ConfigError("need n_open >= 1, n_summarize >= 0, batch_size >= 1 and rounds >= 1")
 
     @classmethod
     def preset(cls, *, quick: bool, seed: int = 0) -> "FrontierConfig":
-        return cls(n_open=8, n_summarize=4, rounds=1, seed=seed) if quick else cls(seed=seed)
+        """--quick: 12 prompts, the dual cache at R in {2, never}, three rounds (about 2 minutes on 2 CPU cores)."""
+        if quick:
+            return cls(n_open=8, n_summarize=4, rounds=3, modes=("dual",), refreshes=(2, 0), seed=seed)
+        return cls(seed=seed)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One point of the frontier: a sampler ('Block SDE' or 'Block remasking') with one cache setting."""
+    """One point of the frontier: a sampler ('Block SDE', 'SDE' or 'Block remasking') with one cache setting, one
+    backbone dtype and one converter tolerance."""
 
     sampler: str
     mode: str
-    """'off' (exact) or a cache mode."""
+    """'off' (no cache) or a cache mode."""
     refresh: int
+    dtype: str = "float32"
+    tolerance: float = 0.0
+    """Sparse converter tolerance (SDE samplers; 0 = dense, exact)."""
 
     @property
-    def label(self) -> str:
+    def cache_label(self) -> str:
         if self.mode == "off":
             return "R=1 (exact)"
         return f"{self.mode}, R={'never' if self.refresh == 0 else self.refresh}"
 
     @property
+    def label(self) -> str:
+        """The cache setting, then the approximate options in force ('R=1 (exact)' alone is the exact sampler)."""
+        extra = (["bf16"] if self.dtype == "bfloat16" else []) + ([f"sparse {self.tolerance:g}"] if self.tolerance
+                                                                   else [])
+        return ", ".join([self.cache_label, *extra])
+
+    @property
+    def exact(self) -> bool:
+        return self.mode == "off" and self.dtype == "float32" and not self.tolerance
+
+    @property
     def model(self) -> str:
-        return "dsl" if self.sampler == "Block SDE" else "base"
+        return "base" if self.sampler == "Block remasking" else "dsl"
 
     def config(self, fc: FrontierConfig, gen_length: int) -> SDEConfig | RemaskConfig:
         blk = gen_length // fc.blocks
-        if self.sampler == "Block SDE":
-            return SDEConfig(nfe=fc.sde_nfe, gen_length=gen_length, block_length=blk, kv_cache=self.mode,
-                             cache_refresh=self.refresh)
+        if self.sampler in ("Block SDE", "SDE"):
+            return SDEConfig(nfe=fc.sde_nfe, gen_length=gen_length, block_length=blk if self.sampler == "Block SDE"
+                             else 0, kv_cache=self.mode, cache_refresh=self.refresh,
+                             converter_tolerance=self.tolerance)
         return RemaskConfig(steps=fc.remask_steps, gen_length=gen_length, block_length=blk, eos_inf=True,
                             kv_cache=self.mode, cache_refresh=self.refresh)
 
 
-SAMPLERS = ("Block SDE", "Block remasking")
+SAMPLERS = ("Block SDE", "SDE", "Block remasking")
 
 
 def variants(fc: FrontierConfig) -> list[Variant]:
+    """Per sampler, dtype and converter tolerance: the exact cache setting, then every cache mode x refresh
+    (whole-response SDE: no cache; remasking has no converter). The first is the exact fp32 sampler."""
     out = []
     for s in SAMPLERS:
-        out.append(Variant(s, "off", 1))
-        out += [Variant(s, m, r) for m in fc.modes for r in fc.refreshes]
+        if s == "SDE" and not fc.whole_sde:
+            continue
+        caches = [("off", 1)] + ([] if s == "SDE" else [(m, r) for m in fc.modes for r in fc.refreshes])
+        tols = (0.0,) if s == "Block remasking" else (0.0, *fc.tolerances)
+        out += [Variant(s, m, r, d, t) for d in fc.dtypes for t in tols for m, r in caches]
     return out
 
 
 def _key(v: Variant, cfg: SDEConfig | RemaskConfig, model_id: str | dict, fc: FrontierConfig) -> str:
     key = {"sampler": v.sampler, "config": cfg.to_dict(), "model": model_id, "n_open": fc.n_open,
            "n_summarize": fc.n_summarize, "batch_size": fc.batch_size, "seed": fc.seed}
+    if v.dtype != "float32":  # fp32 rows keep the keys they had before dtypes were measured (they resume)
+        key["dtype"] = v.dtype
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -128,6 +172,17 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     runs_path = out / "runs.jsonl"
     ids = {name: sampling_key(model_fingerprint(m), tokenizer) for name, m in models.items()}  # + tokenizer, code
     plan = [(v, v.config(fc, gen_length)) for v in variants(fc)]
+    cast: dict[tuple[str, str], torch.nn.Module] = {}
+
+    def model_for(v: Variant) -> torch.nn.Module:
+        if v.dtype == "float32":
+            return models[v.model]
+        if (v.model, v.dtype) not in cast:  # a copy: the caller's fp32 models stay as they are
+            from .demo import cast_for_inference
+
+            cast[v.model, v.dtype] = cast_for_inference(copy.deepcopy(models[v.model]), DTYPES[v.dtype]).eval()
+        return cast[v.model, v.dtype]
+
     keys = {v: _key(v, cfg, ids[v.model], fc) for v, cfg in plan}
     done = {(r["key"], r["round"]) for r in read_rows(runs_path)}
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
@@ -135,7 +190,7 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     echo(f"cache frontier: {len(plan)} variants x {fc.rounds} round(s), {len(todo)} runs to do, "
          f"{len(examples)} held-out prompts")
     for rnd, v, cfg in progress_bar(todo, desc="cache frontier", enabled=progress):
-        model = models[v.model]
+        model = model_for(v)
         t = time.perf_counter()
         outputs: list[list[int]] = []
         for rows in run_batches(model, prompt_ids, cfg, batch_size=fc.batch_size, retry=False,
@@ -143,7 +198,8 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
             outputs += [r.ids for r in rows]
         seconds = time.perf_counter() - t
         row: dict[str, Any] = {"key": keys[v], "round": rnd, "sampler": v.sampler, "mode": v.mode,
-                               "refresh": v.refresh, "label": v.label, "seconds": seconds, "n": len(outputs),
+                               "refresh": v.refresh, "dtype": v.dtype, "tolerance": v.tolerance, "label": v.label,
+                               "seconds": seconds, "n": len(outputs),
                                "seconds_per_sample": seconds / len(outputs), "config": cfg.to_dict(),
                                "frontier": fc.to_dict(), "model": ids[v.model]}
         if rnd == 0:
@@ -153,7 +209,8 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
                 records.append(score_record(world, examples[i], text, method=v.label, nfe=0, seed=None, index=i,
                                             forward_passes=0))
             agg = aggregate(records)
-            row["open"], row["summarize"] = task_metrics(agg, "open", OPEN_KEYS), task_metrics(agg, "summarize", SUM_KEYS)
+            row["open"] = task_metrics(agg, "open", OPEN_KEYS + ("ppl_ci", "in_support_ci"))
+            row["summarize"] = task_metrics(agg, "summarize", SUM_KEYS + ("ppl_ci", "rougeL_ci"))
             row["ids"] = outputs
             append_rows(out / "samples.jsonl", [{"key": keys[v], "label": v.label, "sampler": v.sampler, **r}
                                                   for r in records])
@@ -163,7 +220,8 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
 
 def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
     """One row per variant key (in `keys` order): round-1 quality, median seconds per sample over the rounds (and
-    their range), and the share of response tokens equal to its sampler's exact variant."""
+    their range), and the share of response tokens equal to (and the speed-up over) its sampler's exact fp32
+    variant."""
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_key.setdefault(r["key"], []).append(r)
@@ -176,9 +234,10 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
         times = [r["seconds_per_sample"] for r in rs]
         rows.append({key: first[key] for key in ("sampler", "mode", "refresh", "label", "open", "summarize", "ids",
                                                  "n")}
+                    | {"dtype": first.get("dtype", "float32"), "tolerance": first.get("tolerance", 0.0)}
                     | {"seconds_per_sample": statistics.median(times), "seconds_min": min(times),
                        "seconds_max": max(times), "rounds": len(times)})
-    exact = {r["sampler"]: r for r in rows if r["mode"] == "off"}
+    exact = {r["sampler"]: r for r in rows if is_exact(r)}
     for r in rows:
         ref = exact.get(r["sampler"])
         if ref is None:
@@ -190,77 +249,14 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
     return rows
 
 
-COLUMNS = [("sampler", "Sampler", ""), ("label", "Cache", ""), ("time", "ms / sample (range)", ""),
-           ("speedup", "speed-up", ".2f"), ("same_tokens", "same tokens %", ".1f"), ("ppl", "open PPL (exact)", ".2f"),
-           ("in_support", "in-support %", ".0f"), ("rougeL", "sum. ROUGE-L", ".1f"), ("sum_ppl", "sum. PPL", ".2f")]
-
-
-def _table_row(r: dict[str, Any]) -> dict[str, Any]:
-    o, s = r.get("open") or {}, r.get("summarize") or {}
-    ms = r.get("seconds_per_sample")
-    time_txt = "–" if ms is None else (f"{ms * 1000:.1f} ({r['seconds_min'] * 1000:.1f}–"
-                                        f"{r['seconds_max'] * 1000:.1f})")
-    return {"sampler": r["sampler"], "label": r["label"], "time": time_txt, "speedup": r.get("speedup"),
-            "same_tokens": r.get("same_tokens"), "ppl": o.get("ppl"), "in_support": o.get("in_support"),
-            "rougeL": s.get("rougeL"), "sum_ppl": s.get("ppl")}
-
-
-def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any]) -> str:
-    table = [_table_row(r) for r in rows]
-    table.append(_table_row({"sampler": "World (true samples)", "label": "–", **reference}))
-    n = rows[0]["n"] if rows else 0
-    intro = (f"Approximate key/value caching on the toy world: {n} held-out prompts ({fc.n_open} open-ended, "
-             f"{fc.n_summarize} summarisation), {fc.blocks} blocks per response, Block SDE NFE {fc.sde_nfe} per block "
-             f"(DSL model), block remasking {fc.remask_steps} steps with EOS banned (pretrained MDM), batch "
-             f"{fc.batch_size}; times are medians over {fc.rounds} interleaved round(s) (range in brackets). R = a "
-             f"full forward every R model calls of a block ('never' = only at the block's first call); 'dual' "
-             f"recomputes the current block only, 'prefix' the block and everything after it.\n\n")
-    return intro + markdown_table(table, COLUMNS) + "\n"
-
-
-def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """One row of panels per sampler: exact PPL (log), in-support %, ROUGE-L and tokens equal to the exact sampler's
-    against ms per sample; one line per cache mode through R = 1 (exact), 2, 4, never."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = (("open", "ppl", "open-ended exact PPL"), ("open", "in_support", "open-ended in-support %"),
-              ("summarize", "rougeL", "summarisation ROUGE-L"), (None, "same_tokens", "tokens equal to exact %"))
-    samplers = [s for s in SAMPLERS if any(r["sampler"] == s for r in rows)]
-    fig, axes = plt.subplots(len(samplers), len(panels), figsize=(3.6 * len(panels), 3.1 * len(samplers)),
-                             squeeze=False)
-    styles = {"dual": ("-", "tab:blue"), "prefix": ("--", "tab:orange")}
-    for i, sampler in enumerate(samplers):
-        exact = [r for r in rows if r["sampler"] == sampler and r["mode"] == "off"]
-        for j, (task, key, title) in enumerate(panels):
-            ax = axes[i][j]
-            for mode, (ls, color) in styles.items():
-                pts = exact + sorted((r for r in rows if r["sampler"] == sampler and r["mode"] == mode),
-                                     key=lambda r: r["refresh"] or float("inf"))
-                xy = [(r["seconds_per_sample"] * 1000, r.get(key) if task is None else (r.get(task) or {}).get(key), r)
-                      for r in pts]
-                xy = [p for p in xy if p[1] is not None]
-                if len(xy) < 2:
-                    continue
-                ax.plot([p[0] for p in xy], [p[1] for p in xy], ls, marker="o", color=color, label=mode)
-                for x, y, r in xy:
-                    tag = "1" if r["mode"] == "off" else ("never" if r["refresh"] == 0 else str(r["refresh"]))
-                    ax.annotate(tag, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
-            if key == "ppl":
-                ax.set_yscale("log")
-            ax.set_title(f"{sampler}: {title}", fontsize=9)
-            ax.grid(alpha=0.3)
-            if i == len(samplers) - 1:
-                ax.set_xlabel("ms per sample")
-        axes[i][0].legend(fontsize=7, frameon=False, title="cache", title_fontsize=7)
-    fig.suptitle("Toy world: approximate KV caching, quality vs time (point labels: refresh interval R)", fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+def is_exact(row: dict[str, Any]) -> bool:
+    """A frontier row of an exact sampler: no cache, fp32 backbone, dense converter."""
+    return row["mode"] == "off" and row.get("dtype", "float32") == "float32" and not row.get("tolerance")
 
 
 def write_frontier(rows, fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
+    from .frontier_report import plot_frontier, render_frontier
+
     out = Path(out)
     atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
     plot_frontier(rows, out / "frontier.png")

@@ -33,6 +33,7 @@ from ..model import DSLModel
 from ..utils import atomic_write_text
 from .evaluate import CONTROL_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, score_record
 from .cache_frontier import FrontierConfig, run_frontier, write_frontier
+from .frontier_report import recommendation_lines
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
@@ -422,7 +423,9 @@ def run_demo_cli(args) -> int:
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)
     if args.cache_frontier:
         t0 = time.perf_counter()
-        demo.cache_frontier(FrontierConfig.preset(quick=args.quick, seed=args.seed))
+        rows = demo.cache_frontier(FrontierConfig.preset(quick=args.quick, seed=args.seed))
+        for line in recommendation_lines(rows):
+            print(line)
         print(f"cache frontier: {Path(args.out) / 'cache_frontier' / 'frontier.md'}  (plot: frontier.png, timed runs: "
               f"runs.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
         return 0
