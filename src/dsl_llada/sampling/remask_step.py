@@ -69,6 +69,25 @@ def _topk_mask(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return rank < k.unsqueeze(-1)
 
 
+LSE_CHUNK_BYTES = 8 << 20
+"""`row_logsumexp` works on row chunks of at most this many bytes of logits."""
+
+
+def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """`torch.logsumexp(logits, -1)`, bit for bit (each row is reduced on its own), over chunks of rows whose
+    temporaries stay under `LSE_CHUNK_BYTES`: at batch 8 x V = 32k a whole-tensor logsumexp allocates ~67 MB
+    temporaries per step, which the allocator maps fresh (page faults) every time; small chunks reuse cached memory
+    (docs/benchmarks.md, *Batching*)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = max(1, LSE_CHUNK_BYTES // max(1, logits.shape[-1] * logits.element_size()))
+    if flat.shape[0] <= rows:
+        return torch.logsumexp(logits, dim=-1)
+    out = torch.empty(flat.shape[0], dtype=logits.dtype, device=logits.device)
+    for s in range(0, flat.shape[0], rows):
+        torch.logsumexp(flat[s: s + rows], dim=-1, out=out[s: s + rows])
+    return out.view(logits.shape[:-1])
+
+
 def _uniform(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Float64 U[0, 1) draws (RowRNG draws on the generator's own device, so a CPU generator works with a GPU model)."""
     return rng.rand(shape, device=device, dtype=torch.float64)
@@ -111,7 +130,7 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
         x0 = (logits.double() - T * torch.log(-torch.log(u))).argmax(dim=-1)
     else:
         x0 = logits.argmax(dim=-1)  # fp32 -> fp64 is exact, so this equals the float64 argmax
-    lse = torch.logsumexp(logits, dim=-1).double()
+    lse = row_logsumexp(logits).double()
     if bool(torch.isnan(lse).any()):  # NaN anywhere in a row's logits (-inf is a legitimate ban); O(B W) to check
         raise NonFiniteStateError(f"the logits became NaN at block step {i} with temperature={config.temperature!r}, "
                                   f"cfg_scale={config.cfg_scale!r}: the model's weights are damaged, or the guidance "
