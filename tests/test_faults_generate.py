@@ -62,9 +62,9 @@ def before_each_batch(monkeypatch, check) -> None:
     """Call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a fault)."""
     real = generation_mod.run_sampler
 
-    def wrapped(model_, batch, choice, *, generator=None, progress=False):
+    def wrapped(model_, batch, choice, *, generator=None, **kw):
         check([g.initial_seed() - 42 for g in generator])
-        return real(model_, batch, choice, generator=generator, progress=progress)
+        return real(model_, batch, choice, generator=generator, **kw)
 
     monkeypatch.setattr(generation_mod, "run_sampler", wrapped)
 

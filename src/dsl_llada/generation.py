@@ -21,7 +21,7 @@ from .loading import check_prompt_lengths, check_prompt_texts, context_limit, en
 from .model import DSLModel
 from .sampling.common import PromptBatch, SampleOutput
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
-from .sampling.guards import NonFiniteLogitsError, check_finite_first_forward
+from .sampling.guards import FiniteLogitsGuard, NonFiniteLogitsError
 from .utils import atomic_write_text, progress as progress_bar
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,11 @@ class SamplerChoice:
 
 
 def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: SamplerChoice | SamplerConfig, *,
-                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False) -> SampleOutput:
-    """Run one batch through the sampler that the config's type picks."""
+                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False,
+                callback: StepCallback | None = None) -> SampleOutput:
+    """Run one batch through the sampler that the config's type picks (`callback`: the samplers' step observer)."""
     config = choice.config if isinstance(choice, SamplerChoice) else choice
-    return sample(model, prompts, config, generator=generator, progress=progress)
+    return sample(model, prompts, config, generator=generator, progress=progress, callback=callback)
 
 
 def sample_in_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
@@ -99,8 +100,7 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choi
     def run(idx: list[int]) -> list[dict[str, Any]]:
         batch = PromptBatch.from_lists([encoded[i] for i in idx], pad_id=special.pad_id, device=device)
         gens = [torch.Generator(device="cpu").manual_seed(seed + i) for i in idx]
-        with check_finite_first_forward(model):
-            out = run_sampler(model, batch, choice, generator=gens)
+        out = run_sampler(model, batch, choice, generator=gens, callback=FiniteLogitsGuard())
         return [{"index": i, "prompt": prompts[i], "response": tokenizer.decode(ids, skip_special_tokens=True),
                  "response_ids": ids, "length": len(ids), "sampler": choice.name, "nfe": out.nfe,
                  "forward_passes": out.forward_passes, "seed": seed + i} for i, ids in zip(idx, out.responses(), strict=True)]

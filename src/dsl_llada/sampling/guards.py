@@ -1,42 +1,56 @@
 """Guards that watch a sampler run and stop it when its numbers are broken (NaN/inf from damaged or diverged weights).
 
-Every caller that runs samplers over user prompts (`generate`, eval, the server) uses these, so a broken model fails
-the same way everywhere.
+Guards are step callbacks (`StepInfo`, the samplers' one observer protocol), so they see the logits every sampler
+computes whatever the key/value-cache mode; no forward hooks. Every caller that runs samplers over user prompts
+(`generate`, eval, the server) uses these, so a broken model fails the same way everywhere.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import torch
 
-from ..backbones.base import Backbone
-from ..model import DSLModel
+from .common import StepCallback, StepInfo
 
-__all__ = ["NonFiniteLogitsError", "check_finite_first_forward"]
+__all__ = ["NonFiniteLogitsError", "FiniteLogitsGuard", "chain_callbacks"]
 
 
 class NonFiniteLogitsError(ValueError):
-    """The model's first forward pass of a sampler run produced NaN/inf logits (damaged or diverged weights)."""
+    """The model's first step of a sampler run produced NaN/+inf logits (damaged or diverged weights)."""
 
 
-@contextlib.contextmanager
-def check_finite_first_forward(model: DSLModel | Backbone) -> Iterator[None]:
-    """Inside the block, the first backbone forward pass is checked for non-finite logits (one `isfinite` over the
-    last position, which left padding never covers); a NaN/inf raises NonFiniteLogitsError at once."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
-    handle = None
+def has_broken_logits(logits: torch.Tensor) -> bool:
+    """NaN or +inf anywhere (the samplers set banned ids, [MASK] included, to -inf on purpose: that is not broken)."""
+    return bool(torch.isnan(logits).any() or torch.isposinf(logits).any())
 
-    def hook(_module, _inputs, output):
-        handle.remove()
-        logits = output[0] if isinstance(output, (tuple, list)) else output
-        if torch.is_tensor(logits) and logits.dim() == 3 and not bool(torch.isfinite(logits[:, -1]).all()):
+
+class FiniteLogitsGuard:
+    """A step callback that checks the logits of a run's first step (one pass over one (B, W, V) tensor) and raises
+    NonFiniteLogitsError at once when they hold NaN/+inf. Use one guard per sampler call."""
+
+    def __init__(self) -> None:
+        self.checked = False
+
+    def __call__(self, info: StepInfo) -> None:
+        if self.checked or info.logits is None:
+            return
+        self.checked = True
+        if has_broken_logits(info.logits):
             raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
                                        "weights are damaged or come from a diverged training run")
 
-    handle = backbone.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+
+def chain_callbacks(*callbacks: StepCallback | None) -> Callable[[StepInfo], None] | None:
+    """One callback calling each given one in order (None entries skipped; None when nothing is left)."""
+    live = [c for c in callbacks if c is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def chained(info: StepInfo) -> None:
+        for c in live:
+            c(info)
+
+    return chained

@@ -75,6 +75,11 @@ def _window_cache(model: DiscreteModel, config: RemaskConfig) -> WindowKVCache |
     return WindowKVCache(backbone, config.kv_cache, config.cache_refresh, embed=getattr(backbone, "embed", None))
 
 
+def _diffusion_time(done_steps: int, steps: int) -> float:
+    """Overall diffusion time after `done_steps` of `steps` (1 = all masked, 0 = clean)."""
+    return 1.0 - done_steps / steps
+
+
 @torch.no_grad()
 @denormals_flushed_during
 def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig | None = None, *,
@@ -84,8 +89,9 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     """LLaDA low-confidence / random remasking (ReMDM-conf-loop when `config.remdm`).
 
     `generator`: one torch.Generator for the batch, a sequence with one per row, or None (global RNG).
-    `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet);
-    `extra` has block, block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
+    `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet),
+    `committed` / `newly_committed` the positions holding / just given a token, `logits` the block's guided logits
+    the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block, block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
     """
     config = config or RemaskConfig()
     special = model.special
@@ -136,10 +142,14 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
         if trajectory is not None:
             trajectory.append(x[:, P:].to("cpu", copy=True))  # .cpu() of a CPU tensor would alias x
         if callback is not None:
+            newly = torch.zeros((B, L), dtype=torch.bool, device=device)
+            newly[:, lo - P:hi - P] = st.committed
             callback(StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
                 "block": k_blk, "block_step": i, "t": st.t, "in_loop": st.in_loop,
                 "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
-                "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()}))
+                "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()},
+                time=_diffusion_time(step + 1, config.steps), committed=x[:, P:] != mask_id, newly_committed=newly,
+                logits=logits, window=(lo - P, hi - P)))
 
     ids = x[:, P:]
     if config.truncate_at_eos:

@@ -104,19 +104,29 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     mask_id = model.special.mask
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
 
+    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device) if callback is not None else None
+
     def on_step(s: int, gamma: float, logits: torch.Tensor) -> None:
         if trajectory is None and callback is None:
             return
-        tokens = decode_argmax(logits, mask_id)
+        tokens = decode_argmax(logits, mask_id) if trajectory is not None else None
         if trajectory is not None:
             trajectory.append(tokens.cpu())
         if callback is not None:
-            callback(StepInfo(step=s, total_steps=config.steps, tokens=tokens, gamma=gamma))
+            lazy = tokens if tokens is not None else (lambda: decode_argmax(logits, mask_id))
+            callback(StepInfo(step=s, total_steps=config.steps, tokens=lazy, gamma=gamma, committed=none,
+                              logits=logits, window=(0, L)))
 
     y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
     y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                    on_step=on_step, show_progress=progress)
-    ids = decode_argmax(denoise.logits(y, float(grid[-1])), mask_id)
+    final_logits = denoise.logits(y, float(grid[-1]))
+    ids = decode_argmax(final_logits, mask_id)
+    if callback is not None:
+        everything = torch.ones((B, L), dtype=torch.bool, device=ids.device)
+        callback(StepInfo(step=config.steps - 1, total_steps=config.steps, tokens=ids, gamma=float(grid[-1]),
+                          committed=everything, newly_committed=everything, logits=final_logits, window=(0, L),
+                          decode=True))
     return _finish(model, ids, config, nfe=2 * config.steps, forwards=denoise.forward_passes, trajectory=trajectory)
 
 
@@ -144,20 +154,39 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
         def on_step(s: int, gamma: float, logits: torch.Tensor, k: int = k, lo: int = lo, hi: int = hi) -> None:
             if trajectory is None and callback is None:
                 return
-            tokens = response.clone()
-            tokens[:, lo:hi] = decode_argmax(logits, mask_id)
+
+            def current() -> torch.Tensor:
+                tokens = response.clone()
+                tokens[:, lo:hi] = decode_argmax(logits, mask_id)
+                return tokens
+
+            tokens = current() if trajectory is not None else None
             if trajectory is not None:
                 trajectory.append(tokens.cpu())
             if callback is not None:
-                callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps, tokens=tokens,
-                                  gamma=gamma, extra={"block": k}))
+                callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps,
+                                  tokens=tokens if tokens is not None else current,
+                                  gamma=gamma, extra={"block": k}, committed=_prefix_mask(Bsz, L, lo, response.device),
+                                  logits=logits, window=(lo, hi)))
 
         y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
         y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                        on_step=on_step, show_progress=progress, desc=f"block {k + 1}/{n_blocks}")
-        response[:, lo:hi] = decode_argmax(denoise.logits(y, float(grid[-1])), mask_id)
+        final_logits = denoise.logits(y, float(grid[-1]))
+        response[:, lo:hi] = decode_argmax(final_logits, mask_id)
+        if callback is not None:
+            newly = _prefix_mask(Bsz, L, hi, response.device) & ~_prefix_mask(Bsz, L, lo, response.device)
+            callback(StepInfo(step=(k + 1) * config.steps - 1, total_steps=n_blocks * config.steps,
+                              tokens=response.clone(), gamma=float(grid[-1]), extra={"block": k},
+                              committed=_prefix_mask(Bsz, L, hi, response.device), newly_committed=newly,
+                              logits=final_logits, window=(lo, hi), decode=True))
     nfe = n_blocks * 2 * config.steps
     return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory)
+
+
+def _prefix_mask(rows: int, length: int, upto: int, device) -> torch.Tensor:
+    """(rows, length) bool, True on the first `upto` positions (the Block SDE's committed blocks)."""
+    return (torch.arange(length, device=device) < upto).expand(rows, length)
 
 
 def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, forwards: int,

@@ -1,0 +1,62 @@
+"""The NaN guard is a step callback: it fires on broken weights under every key/value-cache mode and for the SDE,
+stays silent (and changes nothing) on a healthy model; `chain_callbacks` runs several observers in order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import gen, tiny_backbone, tiny_dsl
+
+from dsl_llada.config import RemaskConfig, SDEConfig
+from dsl_llada.sampling import PromptBatch, sample_remask, sample_sde
+from dsl_llada.sampling.guards import FiniteLogitsGuard, NonFiniteLogitsError, chain_callbacks
+
+
+def prompts() -> PromptBatch:
+    return PromptBatch.from_lists([[1, 2, 3, 4], [5, 6, 7, 8]], pad_id=62)
+
+
+def broken(module: torch.nn.Module, value: float) -> torch.nn.Module:
+    with torch.no_grad():
+        next(p for n, p in module.named_parameters() if "ff_out" in n or "lm_head" in n or n.endswith("out.weight")) \
+            .fill_(value)
+    return module
+
+
+@pytest.mark.parametrize("kv_cache", ["off", "prefix", "dual"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_guard_fires_under_every_cache_mode(kv_cache, value):
+    bb = broken(tiny_backbone(), value)
+    cfg = RemaskConfig(steps=4, gen_length=8, block_length=4, kv_cache=kv_cache)
+    seen = []
+    guard = FiniteLogitsGuard()
+    with pytest.raises(NonFiniteLogitsError, match="non-finite"):
+        sample_remask(bb, prompts(), cfg, generator=gen(0), callback=chain_callbacks(seen.append, guard))
+    assert len(seen) == 1  # stopped at the first step
+
+
+def test_guard_fires_for_the_sde():
+    model = tiny_dsl()
+    broken(model.backbone, float("nan"))
+    with pytest.raises(NonFiniteLogitsError):
+        sample_sde(model, prompts(), SDEConfig(nfe=4, gen_length=8), generator=gen(0), callback=FiniteLogitsGuard())
+
+
+@pytest.mark.parametrize("kv_cache", ["off", "prefix", "dual"])
+def test_guard_is_silent_and_changes_nothing_on_a_healthy_model(kv_cache):
+    bb = tiny_backbone()
+    cfg = RemaskConfig(steps=4, gen_length=8, block_length=4, kv_cache=kv_cache)
+    guard = FiniteLogitsGuard()
+    out = sample_remask(bb, prompts(), cfg, generator=gen(3), callback=guard)
+    assert guard.checked
+    assert torch.equal(out.ids, sample_remask(bb, prompts(), cfg, generator=gen(3)).ids)
+
+
+def test_chain_callbacks():
+    calls = []
+    assert chain_callbacks(None, None) is None
+    one = calls.append
+    assert chain_callbacks(None, one) is one
+    both = chain_callbacks(lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i)))
+    both(7)
+    assert calls == [("a", 7), ("b", 7)]
