@@ -1,8 +1,8 @@
 """Denoising traces for the web UI: per step and position, the current token and the model's confidence in it.
 
-`run_traced` calls the library sampler with a step callback and a read-only forward hook on the backbone (the
-hook keeps the logits of the step's forward passes; nothing in the computation changes, so the tokens are the
-sampler's own). `render_grid` turns a trace into an HTML heatmap (rows = steps, columns = response positions).
+`run_traced` calls the library sampler with a step callback (the samplers' observer protocol, `StepInfo`: the
+step's tokens, committed positions and logits; nothing in the computation changes, so the tokens are the sampler's
+own). `render_grid` turns a trace into an HTML heatmap (rows = steps, columns = response positions).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backbones.base import position_index
 from ..config import RemaskConfig, SDEConfig
-from ..model import DSLModel
 from ..sampling import PromptBatch, StepInfo
 from .runner import run_sampler, seeded_generator
 
@@ -50,53 +48,42 @@ def _token_strings(tokenizer, ids: list[int]) -> list[str]:
 
 def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDEConfig | RemaskConfig, seed: int,
                on_step: Callable[[Trace], None] | None = None) -> Trace:
-    """Sample one prompt with generator seed `seed` (the server's and `generate`'s seeding), recording every step."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
+    """Sample one prompt with generator seed `seed` (the server's and `generate`'s seeding), recording every step
+    through the samplers' step callback (`StepInfo`: tokens, committed positions, the step's logits)."""
     special = model.special
     trace = Trace(sampler=name)
-    outs: list[tuple[torch.Tensor, torch.Tensor]] = []
     L = config.gen_length
-    sde = name in ("sde", "block-sde")
-    last_conf = [0.0] * L  # a position the step did not compute logits for keeps its last confidence
+    conf = [0.0] * L  # a position the step did not compute logits for keeps its last confidence
 
-    def hook(_module, args, kwargs, output):
-        # samplers ask for the logits of the positions they read only (`positions=`): map the rows back
-        total = args[0].shape[1]
-        idx = position_index(kwargs.get("positions"), total) - (total - L)
-        keep = idx >= 0
-        outs.append((idx[keep].cpu(), output.detach()[:, keep.to(output.device)]))
-
-    def record(ids: torch.Tensor, step: int, total: int, label: str) -> None:
-        got = (outs[-1] if sde else outs[0]) if outs else None  # SDE: the corrector's pass; discrete: conditional
-        outs.clear()
-        ids = ids.to("cpu")
-        masked = (ids == special.mask).tolist()
-        if got is not None:
-            pos, logits = got
-            probs = torch.softmax(logits[0].float(), dim=-1).cpu()
-            for j, p in zip(pos.tolist(), probs.gather(-1, ids[pos].unsqueeze(-1)).squeeze(-1).tolist()):
-                last_conf[j] = p
-        conf = list(last_conf)
-        trace.steps.append(TraceStep(step=step, total_steps=total, label=label,
-                                     tokens=_token_strings(tokenizer, ids.tolist()), confidence=conf, masked=masked))
+    def callback(info: StepInfo) -> None:
+        ids = info.tokens[0].to("cpu")
+        if info.logits is not None and info.window is not None:
+            lo, hi = info.window
+            probs = torch.softmax(info.logits[0].float(), dim=-1).cpu()
+            shown = probs.gather(-1, ids[lo:hi].clamp(min=0).unsqueeze(-1)).squeeze(-1).tolist()
+            # SDE: every position of the window moves each step; discrete: a position's confidence is the one of
+            # the step that committed it (committed columns may have no logits later)
+            fresh = [True] * (hi - lo) if info.newly_committed is None or info.gamma is not None else \
+                (info.newly_committed[0, lo:hi] | (ids[lo:hi] == special.mask)).tolist()
+            for j, (p, f) in enumerate(zip(shown, fresh)):
+                if f:
+                    conf[lo + j] = p
+        if info.decode and info.step != info.total_steps - 1:
+            return  # a Block SDE block's decode: its confidences are kept, the next block's steps show it
+        label = "final" if info.decode else (f"SNR {info.gamma:.3g}" if info.gamma is not None
+                                               else f"t {info.extra.get('t', 0.0):.2f}")
+        step = len(trace.steps) if info.decode else info.step + 1
+        trace.steps.append(TraceStep(step=step, total_steps=step if info.decode else info.total_steps, label=label,
+                                     tokens=_token_strings(tokenizer, ids.tolist()), confidence=list(conf),
+                                     masked=(ids == special.mask).tolist()))
         if on_step is not None:
             on_step(trace)
 
-    def callback(info: StepInfo) -> None:
-        label = f"SNR {info.gamma:.3g}" if info.gamma is not None else f"t {info.extra.get('t', 0.0):.2f}"
-        record(info.tokens[0], info.step + 1, info.total_steps, label)
-
     batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=next(model.parameters()).device)
-    handle = backbone.register_forward_hook(hook, with_kwargs=True)
     t0 = time.perf_counter()
-    try:
-        with torch.no_grad():
-            out = run_sampler(model, name, config, batch, [seeded_generator(seed)], callback)
-    finally:
-        handle.remove()
+    with torch.no_grad():
+        out = run_sampler(model, name, config, batch, [seeded_generator(seed)], callback)
     trace.seconds = time.perf_counter() - t0
-    if outs:  # the SDE samplers decode the final state with one more forward pass: show it as the last row
-        record(out.ids[0], len(trace.steps), len(trace.steps), "final")
     trace.text = tokenizer.decode(out.responses()[0], skip_special_tokens=True)
     trace.forward_passes, trace.nfe, trace.done = out.forward_passes, out.nfe, True
     return trace
