@@ -91,7 +91,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     `generator`: one torch.Generator for the batch, a sequence with one per row, or None (global RNG).
     `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet),
     `committed` / `newly_committed` the positions holding / just given a token, `logits` the block's guided logits
-    the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block, block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
+    the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block,
+    block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
     """
     config = config or RemaskConfig()
     special = model.special

@@ -43,7 +43,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 class SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, then the sampler extension)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     """Served model name (optional; when given it must match GET /v1/models)."""
@@ -55,12 +55,12 @@ class SamplingFields(BaseModel):
     stream_options: dict[str, Any] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     """Seed of the per-request torch.Generator (random when absent; echoed in the response)."""
-    stop: str | list[str] | None = None
-    """Cut the final text at the first occurrence of any of these strings."""
+    stop: str | list[str] | None = Field(None, max_length=4)
+    """Cut the final text at the first occurrence of any of these strings (at most 4, as OpenAI's)."""
     temperature: float | None = Field(None, ge=0)
     """remask/remdm: the Gumbel sampling temperature. Not used by the SDE samplers (their noise scale is `eta`)."""
     top_p: float | None = Field(None, gt=0, le=1)
-    """Accepted for client compatibility; not used by these samplers."""
+    """Accepted for client compatibility only when 1 (no nucleus truncation: what these samplers do)."""
     user: str | None = None
     # -- extension: the sampler and its main settings ------------------------------------------------------------------
     sampler: Literal["sde", "block-sde", "remask", "remdm"] | None = None
@@ -78,6 +78,8 @@ class CompletionRequest(SamplingFields):
     chat_template: bool = False
     """Extension: wrap each prompt string as one user turn with the tokenizer's chat template."""
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    """OpenAI's completions logprobs: each token's log-probability and this many alternatives (docs/serving.md)."""
 
 
 class ContentPart(BaseModel):
@@ -86,7 +88,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
@@ -98,6 +100,10 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    """Each token's log-probability under the sampler's final distribution (docs/serving.md)."""
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    """With logprobs: this many most likely alternatives per token."""
 
 
 # -- request -> (sampler, config) --------------------------------------------------------------------------------------
