@@ -363,8 +363,10 @@ def test_api_key(tiny):
 
 def test_cli_help_and_bad_values(capsys, model_dir):
     for sub, opts in (("serve", ["--model", "--tokenizer", "--host", "--port", "--max-batch", "--max-wait-ms",
-                                 "--max-queue", "--api-key", "--api-key-file", "--ui"]),
-                      ("ui", ["--model", "--tokenizer", "--host", "--port", "--toy-dir"])):
+                                 "--max-queue", "--api-key", "--api-key-file", "--ui", "--max-nfe", "--max-steps",
+                                 "--max-tokens", "--max-prompt-tokens", "--max-body-bytes", "--request-timeout-s",
+                                 "--shutdown-grace-s", "--allowed-host", "default 8000"]),
+                      ("ui", ["--model", "--tokenizer", "--host", "--port", "--toy-dir", "default 7860"])):
         with pytest.raises(SystemExit) as e:
             main([sub, "--help"])
         assert e.value.code == 0
@@ -377,6 +379,23 @@ def test_cli_help_and_bad_values(capsys, model_dir):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--model", str(model_dir), "--ui", "--api-key", "k"]) == 2
     assert "--ui cannot be combined with --api-key" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", str(model_dir), "--max-nfe", "0"])
+    assert e.value.code == 2 and "'0' must be >= 1" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_naming_it(capsys, model_dir):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for sub in ("serve", "ui"):
+            assert main([sub, "--model", str(model_dir), "--port", str(port)]) == 2
+            err = capsys.readouterr().err
+            assert err.strip() == f"error: port {port} on 127.0.0.1 is already in use; pick another with --port " \
+                                  f"(or stop the process that holds it)"
 
 
 def test_official_openai_client_streams_and_ignores_the_extension(tiny):

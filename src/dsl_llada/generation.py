@@ -19,7 +19,7 @@ from .backbones.base import Backbone
 from .config import RemaskConfig, SDEConfig
 from .loading import check_prompt_lengths, check_prompt_texts, context_limit, encode_prompt
 from .model import DSLModel
-from .sampling.common import PromptBatch, SampleOutput
+from .sampling.common import PromptBatch, SampleOutput, StepCallback
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .sampling.guards import FiniteLogitsGuard, NonFiniteLogitsError
 from .utils import atomic_write_text, progress as progress_bar

@@ -65,6 +65,7 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await svc.batcher.start()
+        svc.loop = asyncio.get_running_loop()
         try:
             yield
         finally:
@@ -74,6 +75,7 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
 
     app = FastAPI(title="dsl-llada", lifespan=lifespan)
     app.state.service = svc
+    app.state.begin_shutdown = lambda: svc.begin_shutdown(shutdown_grace_s)
     app.add_middleware(Gate, service=svc, hosts=allowed_hosts, bind=bind_host)
 
     @app.exception_handler(RequestValidationError)

@@ -24,6 +24,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+STUCK_WAIT_S = 5.0
+"""After the shutdown grace period and cancelling, how long close() waits for the running batch's next step."""
+
 DONE = object()
 """Put on a job's event queue after its final result (or error) is set."""
 
@@ -120,6 +123,8 @@ class Batcher:
         self.pending: deque[Job] = deque()
         self.running: list[Job] = []
         self.closing = False
+        self.abandoned = False
+        """True when close() had to leave a sampler thread that made no step (the process should exit hard)."""
         self.last_progress = time.monotonic()
         """Monotonic time of the worker's last step or batch start/end (what /health reports)."""
         self._wake: asyncio.Event | None = None
@@ -134,23 +139,33 @@ class Batcher:
                                             initializer=self._thread_init)
         self._task = asyncio.create_task(self._loop(), name="dsl-llada-batcher")
 
-    async def close(self, grace_s: float | None = None) -> None:
+    async def drain(self, grace_s: float | None = None) -> None:
         """Stop accepting work and finish everything queued or running; after `grace_s` seconds (None = no limit)
-        cancel what is left (queued jobs at once, running ones at their next step), then stop the worker."""
+        cancel what is left (queued jobs at once, running ones at their next step: their requests get 503)."""
         self.closing = True
         if self._wake is not None:
             self._wake.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+        if self._task is None or self._task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("grace period of %gs over: cancelling %d queued and %d running jobs", grace_s,
+                        len(self.pending), len(self.running))
+            for job in list(self.pending) + list(self.running):
+                self.cancel(job, ShuttingDown("the server shut down before this request finished"))
+            try:  # a running batch stops at its next step; one that makes no step at all is left behind
+                await asyncio.wait_for(asyncio.shield(self._task), STUCK_WAIT_S)
             except asyncio.TimeoutError:
-                log.warning("grace period of %gs over: cancelling %d queued and %d running jobs", grace_s,
-                            len(self.pending), len(self.running))
-                for job in list(self.pending) + list(self.running):
-                    self.cancel(job, ShuttingDown("the server shut down before this request finished"))
-                await self._task
+                log.error("the sampler thread made no step for %gs after cancelling; leaving it behind",
+                          STUCK_WAIT_S)
+                self.abandoned = True
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """`drain(grace_s)`, then stop the worker thread."""
+        await self.drain(grace_s)
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=not self.abandoned, cancel_futures=True)
 
     def progress(self) -> None:
         """Called by the runner at every step (any thread): the worker is alive."""

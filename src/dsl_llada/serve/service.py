@@ -12,7 +12,7 @@ from typing import Any
 
 from ..loading import encode_messages, encode_prompt
 from ..model import DSLModel
-from .batcher import Batcher, Job
+from .batcher import BatchAbandoned, Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .metrics import Metrics
@@ -51,6 +51,20 @@ class Service:
                                on_batch=self._on_batch)
         self.text_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsl-llada-text")
         self.created = int(time.time())
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Future | None = None
+
+    def begin_shutdown(self, grace_s: float | None) -> None:
+        """From a signal handler (any thread): start draining now, so requests still running when the grace period
+        ends get a 503 (the HTTP server cancels its connections only after that)."""
+        if self.loop is None or self.loop.is_closed():
+            return
+
+        def start() -> None:
+            if self._drain is None:
+                self._drain = asyncio.ensure_future(self.batcher.drain(grace_s))
+
+        self.loop.call_soon_threadsafe(start)
 
     async def off_loop(self, fn, *args):
         """Run a CPU-heavy text step (tokenize, template, detokenize) on the text pool, not the event loop."""
@@ -60,7 +74,8 @@ class Service:
         done = [j.future.result() for j in jobs if error is None and j.future is not None and j.future.done()
                 and not j.future.cancelled() and j.future.exception() is None]
         self.metrics.batch_done(len(jobs), seconds, sum(len(r.ids) for r in done),
-                                done[0].forward_passes if done else 0, error is not None)
+                                done[0].forward_passes if done else 0,
+                                error is not None and not isinstance(error, BatchAbandoned))
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): 503 when a batch runs and the worker has made no step for longer than the longest
