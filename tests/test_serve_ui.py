@@ -104,6 +104,32 @@ def test_ui_in_headless_chromium(tiny, tmp_path):
             assert page.locator("#grid-b tr").count() == 1 + steps
             assert "forward passes" in page.locator("#stats-a").inner_text()
             assert shot.stat().st_size > 10_000
+            # the step slider reaches every step of the trajectory; a cell's hover text is the full token
+            rows_a = 1 + nfe // 2
+            assert f"{rows_a}/{rows_a}" in page.locator("#stepview-a").inner_text()  # the final step, after the run
+            for step in (1, 2, rows_a):
+                box = page.locator("#step-a input[type=number]")
+                box.fill(str(step))
+                box.press("Enter")
+                page.locator("#stepview-a th", has_text=f"{step}/").wait_for(timeout=30_000)
+                assert page.locator("#stepview-a td").count() == length
+            tips = page.locator("#stepview-a td").evaluate_all("cells => cells.map(c => c.title)")
+            assert all("p=" in t for t in tips)  # the SDE's first step: every position shows a token
+            assert "dsl-llada" in page.locator("#env-footer").inner_text()
+            assert page.locator("#status").inner_text().strip() == ""
+            # an invalid setting shows an error in the status line; the next valid run clears it
+            box = page.locator("#nfe-a input")
+            box.fill("7")
+            box.blur()
+            page.locator("#run").click()
+            page.locator("#status", has_text="error").wait_for(timeout=30_000)
+            box.fill(str(nfe))
+            box.blur()
+            page.locator("#run").click()
+            playwright.expect(page.locator("#status")).not_to_contain_text("error", timeout=30_000)
+            page.locator("#stats-b", has_text="done").wait_for(timeout=60_000)
+            assert page.locator("#status").inner_text().strip() == ""
+            assert page.locator("#final-a textarea").input_value() == want_a
         finally:
             browser.close()
 

@@ -96,8 +96,23 @@ def _cell_style(conf: float, masked: bool) -> str:
     return f"background:hsl({hue},70%,80%)"
 
 
-def render_grid(trace: Trace | None, *, max_rows: int = 64, max_chars: int = 8) -> str:
-    """HTML heatmap of a trace: one row per step (newest last), one cell per position (token, colour = confidence)."""
+GRID_STYLE = ("<style>.dsl-grid{overflow:auto;max-height:520px}"
+              ".dsl-grid table{border-collapse:collapse!important;font:10px monospace!important;width:auto!important;"
+              "margin:0!important}.dsl-grid td,.dsl-grid th{border:1px solid #fff!important;padding:0 2px!important;"
+              "white-space:nowrap;color:#000;line-height:1.3!important;min-width:0!important;text-align:left}"
+              ".dsl-grid th small{font-weight:normal;color:#555}</style>")
+
+
+def _cell(tok: str, conf: float, masked: bool, max_chars: int | None) -> str:
+    shown = "·" if masked else (tok if max_chars is None else tok[:max_chars])
+    tip = "position masked" if masked else f"{tok!r} p={conf:.3f}"  # the full token, never truncated
+    return f"<td style='{_cell_style(conf, masked)}' title='{html.escape(tip, quote=True)}'>{html.escape(shown)}</td>"
+
+
+def render_grid(trace: Trace | None, *, max_rows: int = 256, max_chars: int = 8) -> str:
+    """HTML heatmap of a trace: one row per step (newest last), one cell per position (token, colour = confidence;
+    hover: the full token and its probability). Up to `max_rows` rows (the newest); the step slider of the UI
+    shows any step of any length of trajectory."""
     if trace is None or not trace.steps:
         return "<div class='dsl-grid-empty'>no steps yet</div>"
     steps = trace.steps[-max_rows:]
@@ -105,15 +120,18 @@ def render_grid(trace: Trace | None, *, max_rows: int = 64, max_chars: int = 8) 
     head = "".join(f"<th>{i}</th>" for i in range(n))
     rows = []
     for st in steps:
-        cells = []
-        for tok, c, m in zip(st.tokens, st.confidence, st.masked):
-            shown = "·" if m else tok[:max_chars]
-            tip = "masked" if m else f"{tok} p={c:.2f}"
-            cells.append(f"<td style='{_cell_style(c, m)}' title='{html.escape(tip, quote=True)}'>{html.escape(shown)}</td>")
-        rows.append(f"<tr><th>{st.step}/{st.total_steps} <small>{html.escape(st.label)}</small></th>{''.join(cells)}</tr>")
-    style = ("<style>.dsl-grid{overflow:auto;max-height:520px}"
-             ".dsl-grid table{border-collapse:collapse!important;font:10px monospace!important;width:auto!important;"
-             "margin:0!important}.dsl-grid td,.dsl-grid th{border:1px solid #fff!important;padding:0 2px!important;"
-             "white-space:nowrap;color:#000;line-height:1.3!important;min-width:0!important;text-align:left}"
-             ".dsl-grid th small{font-weight:normal;color:#555}</style>")
-    return (f"{style}<div class='dsl-grid'><table><tr><th>step</th>{head}</tr>{''.join(rows)}</table></div>")
+        cells = "".join(_cell(tok, c, m, max_chars) for tok, c, m in zip(st.tokens, st.confidence, st.masked))
+        rows.append(f"<tr><th>{st.step}/{st.total_steps} <small>{html.escape(st.label)}</small></th>{cells}</tr>")
+    more = (f"<div class='dsl-grid-more'>the {len(trace.steps) - len(steps)} earlier steps: use the step slider</div>"
+            if len(steps) < len(trace.steps) else "")
+    return f"{GRID_STYLE}{more}<div class='dsl-grid'><table><tr><th>step</th>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def render_step(trace: Trace | None, index: int) -> str:
+    """One step of a trace (1-based `index` into its rows, clamped), every token shown in full."""
+    if trace is None or not trace.steps:
+        return "<div class='dsl-step-empty'>run first</div>"
+    st = trace.steps[max(1, min(int(index or 1), len(trace.steps))) - 1]
+    cells = "".join(_cell(tok, c, m, None) for tok, c, m in zip(st.tokens, st.confidence, st.masked))
+    return (f"{GRID_STYLE}<div class='dsl-grid dsl-step'><table><tr><th>{st.step}/{st.total_steps} "
+            f"<small>{html.escape(st.label)}</small></th>{cells}</tr></table></div>")
