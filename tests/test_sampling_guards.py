@@ -9,7 +9,8 @@ from helpers import gen, tiny_backbone, tiny_dsl
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling import PromptBatch, sample_remask, sample_sde
-from dsl_llada.sampling.guards import FiniteLogitsGuard, NonFiniteLogitsError, chain_callbacks
+from dsl_llada.sampling.guards import FiniteLogitsGuard, NonFiniteLogitsError
+from dsl_llada.sampling.observers import chain_callbacks
 
 
 def prompts() -> PromptBatch:

@@ -7,13 +7,12 @@ computes whatever the key/value-cache mode; no forward hooks. Every caller that 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from .common import StepCallback, StepInfo
+from .common import StepInfo
+from .observers import chain_callbacks
 
-__all__ = ["NonFiniteLogitsError", "FiniteLogitsGuard", "chain_callbacks"]
+__all__ = ["NonFiniteLogitsError", "FiniteLogitsGuard", "chain_callbacks"]  # chain_callbacks: from observers
 
 
 class NonFiniteLogitsError(ValueError):
@@ -39,18 +38,3 @@ class FiniteLogitsGuard:
         if has_broken_logits(info.logits):
             raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
                                        "weights are damaged or come from a diverged training run")
-
-
-def chain_callbacks(*callbacks: StepCallback | None) -> Callable[[StepInfo], None] | None:
-    """One callback calling each given one in order (None entries skipped; None when nothing is left)."""
-    live = [c for c in callbacks if c is not None]
-    if not live:
-        return None
-    if len(live) == 1:
-        return live[0]
-
-    def chained(info: StepInfo) -> None:
-        for c in live:
-            c(info)
-
-    return chained

@@ -26,10 +26,10 @@ from torch import nn
 from ..backbones.base import with_positions
 from ..config import RemaskConfig
 from ..numerics import denormals_flushed_during
-from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
 from .kv_cache import WindowKVCache
+from .observers import with_progress
 from .positions import block_logits
 from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
 
@@ -95,6 +95,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
     """
     config = config or RemaskConfig()
+    callback = with_progress(callback, progress, "remask")
     special = model.special
     mask_id = special.mask
     device = _model_device(model) or prompts.ids.device
@@ -116,7 +117,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
 
-    for step in progress_bar(range(config.steps), total=config.steps, desc="remask", enabled=progress):
+    for step in range(config.steps):
         k_blk, i = divmod(step, S_b)
         lo, hi = P + k_blk * blk, P + (k_blk + 1) * blk
         if i == 0:

@@ -26,6 +26,7 @@ from ..snr import snr_schedule
 from ..utils import progress as progress_bar
 from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
 from .denoiser import Denoiser
+from .observers import with_progress
 
 Denoise = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 """What `heun_solve` integrates against: (y, gamma) -> (ê, logits); a `Denoiser` or a test double."""
@@ -99,6 +100,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     if config.block_length:
         return sample_block_sde(model, prompts, config, generator=generator, callback=callback, progress=progress,
                                 return_trajectory=return_trajectory)
+    callback = with_progress(callback, progress, "SDE")
     prompts, rng, grid, denoise = _prepare(model, prompts, config, generator)
     L, B = config.gen_length, prompts.batch_size
     mask_id = model.special.mask
@@ -119,7 +121,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
 
     y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
     y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
-                   on_step=on_step, show_progress=progress)
+                   on_step=on_step)
     final_logits = denoise.logits(y, float(grid[-1]))
     ids = decode_argmax(final_logits, mask_id)
     if callback is not None:
@@ -139,6 +141,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     """Block SDE: blocks of B tokens left to right; committed blocks are clean context, future blocks are
     [MASK] embeddings, the current block runs the Heun loop then is decoded by argmax and committed.
     Forward passes = (L / B) (2S + 1)."""
+    callback = with_progress(callback, progress, "block SDE")
     prompts, rng, grid, first = _prepare(model, prompts, config, generator)
     L, Bsz, blk = config.gen_length, prompts.batch_size, config.block_length
     mask_id = model.special.mask
@@ -171,7 +174,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
 
         y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
         y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
-                       on_step=on_step, show_progress=progress, desc=f"block {k + 1}/{n_blocks}")
+                       on_step=on_step)
         final_logits = denoise.logits(y, float(grid[-1]))
         response[:, lo:hi] = decode_argmax(final_logits, mask_id)
         if callback is not None:

@@ -13,7 +13,8 @@ from ..config import RemaskConfig, SDEConfig
 from ..model import DSLModel
 from ..sampling import PromptBatch, SampleOutput, StepInfo
 from ..sampling.dispatch import sample
-from ..sampling.guards import FiniteLogitsGuard, chain_callbacks
+from ..sampling.guards import FiniteLogitsGuard
+from ..sampling.observers import chain_callbacks
 from .batcher import BatchAbandoned, Job, RequestTimeout
 from .logprobs import LogprobRecorder, TokenLogprob
 
