@@ -80,10 +80,21 @@ def test_oversized_body_gets_413_while_health_answers(tiny):
         assert r.status_code == 413
 
 
-def test_a_big_prompt_is_tokenized_off_the_event_loop(tiny):
-    """A 10 MB prompt in flight: /health and a small request are answered before the big request is."""
+def test_a_big_prompt_is_tokenized_off_the_event_loop(tiny, monkeypatch):
+    """A 10 MB prompt in flight: /health and a small request are answered while it is still being tokenized (its
+    tokenization is made to take 3 s more: on the event loop it would hold both of them back)."""
     model, tok = tiny
     app = create_app(model, tok, model_name="tiny", limits=Limits.for_model(64, 1, max_body_bytes=64 << 20))
+    svc = app.state.service
+    real = svc.encode_completion
+    started = threading.Event()
+
+    def slow(req):
+        started.set()
+        time.sleep(3)
+        return real(req)
+
+    monkeypatch.setattr(svc, "encode_completion", slow)
     order: list[str] = []
     with uvicorn_server(app) as (base, _), ThreadPoolExecutor(1) as pool:
         def big():
@@ -92,7 +103,7 @@ def test_a_big_prompt_is_tokenized_off_the_event_loop(tiny):
             return r
 
         fut = pool.submit(big)
-        time.sleep(0.5)  # the body is uploaded and tokenizing
+        assert started.wait(60)
         h = httpx.get(f"{base}/health", timeout=60)
         order.append("health")
         small = httpx.post(f"{base}/v1/chat/completions", json=chat("hi", max_tokens=4, nfe=2), timeout=60)

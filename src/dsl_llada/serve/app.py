@@ -130,7 +130,8 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         svc.check_request(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
-        prompts = [await svc.off_loop(svc.encode_chat, req)]
+        size = sum(len(m.text()) for m in req.messages)
+        prompts = [await svc.off_loop(size, svc.encode_chat, req)]
         top = (req.top_logprobs or 0) if req.logprobs else None
         return await _generate(req, request, prompts, "messages", req.max_completion_tokens or req.max_tokens,
                                chat=True, top=top)
@@ -140,7 +141,9 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         svc.check_request(req)
         if req.echo:
             raise RequestError("echo is not supported", "echo", code="unsupported_field")
-        prompts = await svc.off_loop(svc.encode_completion, req)
+        p = req.prompt
+        size = len(p) if isinstance(p, str) else sum(len(x) if isinstance(x, str) else 1 for x in p)
+        prompts = await svc.off_loop(size, svc.encode_completion, req)
         return await _generate(req, request, prompts, "prompt", req.max_tokens, chat=False, top=req.logprobs)
 
     async def _generate(req: SamplingFields, request: Request, prompts: list[list[int]], param: str,
@@ -163,7 +166,8 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         if failed is not None:
             status, body = failure_body(failed)
             return JSONResponse(body, status_code=status)
-        finished = [await svc.off_loop(svc.finish, req, r, chat) for r in results]
+        finished = [await svc.off_loop(len(r.ids) * (1 + (r.logprobs is not None)), svc.finish, req, r, chat)
+                    for r in results]
         choices = []
         for j, (text, reason, logprobs) in zip(jobs, finished):
             body: dict[str, Any] = {"index": j.index, "finish_reason": reason}
@@ -234,7 +238,8 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
                     return
                 results.append(j.future.result())
             for j, r in zip(jobs, results):
-                text, reason, logprobs = await svc.off_loop(svc.finish, req, r, chat)
+                text, reason, logprobs = await svc.off_loop(len(r.ids) * (1 + (r.logprobs is not None)), svc.finish,
+                                                            req, r, chat)
                 if text or logprobs is not None:
                     yield chunk(j.index, text=text, logprobs=logprobs)
                 yield chunk(j.index, finish=reason)

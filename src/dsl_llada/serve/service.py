@@ -1,6 +1,6 @@
 """What one request handler needs: model, tokenizer, limits, batcher, metrics, and the request -> jobs -> response
-steps (encoding, checks, results to OpenAI choices). Tokenization and detokenization run on a small thread pool,
-never on the event loop (`encode_*` / `finish_*` are called through `off_loop`)."""
+steps (encoding, checks, results to OpenAI choices). Tokenization and detokenization of anything but small texts
+run on a small thread pool, never on the event loop (`encode_*` / `finish` are called through `off_loop`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from .logprobs import TokenLogprob
 from .metrics import Metrics
 from .runner import BatchRunner, JobResult, context_limit
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
+
+
+OFF_LOOP_MIN = 4096
+"""Characters (encoding) or tokens (decoding) above which a text step leaves the event loop (well under 1 ms below)."""
 
 
 def parameter_count(model) -> int:
@@ -66,8 +70,12 @@ class Service:
 
         self.loop.call_soon_threadsafe(start)
 
-    async def off_loop(self, fn, *args):
-        """Run a CPU-heavy text step (tokenize, template, detokenize) on the text pool, not the event loop."""
+    async def off_loop(self, size: int, fn, *args):
+        """Run a text step (tokenize, template, detokenize) of `size` characters/tokens on the text pool when it is
+        big enough to delay other clients (> OFF_LOOP_MIN); a small one runs inline (two thread hand-offs would
+        cost a lone client more than the work itself)."""
+        if size <= OFF_LOOP_MIN:
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.text_pool, fn, *args)
 
     def _on_batch(self, jobs, seconds: float, error: BaseException | None) -> None:
@@ -181,11 +189,14 @@ class Service:
         full = self.tokenizer.decode([t.token_id for t in lps], skip_special_tokens=True)
         if len(full) <= n_chars:
             return lps
-        keep = 0
-        while keep < len(lps) and len(self.tokenizer.decode([t.token_id for t in lps[: keep + 1]],
-                                                            skip_special_tokens=True)) <= n_chars:
-            keep += 1
-        return lps[:keep]
+        lo, hi = 0, len(lps)  # the decoded prefix only grows: the longest prefix that fits, by bisection
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(self.tokenizer.decode([t.token_id for t in lps[:mid]], skip_special_tokens=True)) <= n_chars:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lps[:lo]
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

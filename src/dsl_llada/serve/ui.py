@@ -115,7 +115,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
     def step_view(tag: str):
         """A slider over every step of the last run, and that step's tokens in full."""
         state = gr.State(None)
-        slider = gr.Slider(minimum=1, maximum=1, value=1, step=1, label=f"step (sampler {tag})",
+        slider = gr.Slider(minimum=1, maximum=2, value=1, step=1, label=f"step (sampler {tag})",
                            elem_id=f"step-{tag}", interactive=True)
         view = gr.HTML(render_step(None, 1), elem_id=f"stepview-{tag}")
         slider.change(render_step, [state, slider], view)
@@ -164,7 +164,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
         def go(prompt_text, seed_v, length, use_chat, two, *knobs):
             # every run starts by clearing the last run's error; an error is shown in the status line (and the
             # panels keep what they showed), so a later successful run leaves no stale error behind
-            blank = [render_grid(None), "", "", None, gr.update(maximum=1, value=1), render_step(None, 1)]
+            blank = [render_grid(None), "", "", None, gr.update(maximum=2, value=1), render_step(None, 1)]
             shown: list[list] = [list(blank), list(blank)]
             if not two:
                 shown[1][2] = "(off)"
@@ -180,7 +180,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
                         n = len(trace.steps)
                         shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running),
                                     None if running else trace,
-                                    gr.update() if running else gr.update(maximum=max(1, n), value=max(1, n)),
+                                    gr.update() if running else gr.update(maximum=max(2, n), value=max(1, n)),
                                     gr.update() if running else render_step(trace, n)]
                         yield ["", *shown[0], *shown[1]]
                 except Exception as e:  # noqa: BLE001 - a failing sampler run is shown in the page
