@@ -45,7 +45,7 @@ def main() -> None:
     rows = []
     for method in [m for m in PAPER_METHODS if m.sampler == "sde"]:
         for nfe in cfg.nfes:
-            exact_cfg = method.choice(nfe, demo.gen_length).config
+            exact_cfg = method.config(nfe, demo.gen_length)
             res = {}
             for tol in (0.0, a.tolerance):
                 sc = exact_cfg.replace(converter_tolerance=tol)

@@ -38,6 +38,11 @@ def _rows(name: str) -> list[dict]:
     ("total \\boxed{18} dollars, 3 days", "18", "3"),    # default reads a boxed number before the last number
     ("no numbers here", None, ""),
     ("The result = 12 and then 7", "12", "12"),
+    ("2,5 apples", None, "25"),                         # a non-thousands comma: no number (neither 25 nor 5)
+    ("I have 3 apples, 5 pears", "5", "5"),
+    ("#### 2,5", None, "25"),
+    ("then 1,2345 items", None, "12345"),
+    ("+5 degrees", "5", "+5"),                          # default drops a leading '+'; authors keep it
 ])
 def test_extract_gsm8k(text, default, authors):
     assert A.extract_gsm8k(text) == default
@@ -63,6 +68,12 @@ def test_gsm8k_correct_numbers_vs_strings():
 def test_gsm8k_gold_from_full_solution():
     sol = "Janet has 3 + 4 = <<3+4=7>>7 eggs.\n#### 1,007"
     assert A.gsm8k_gold(sol) == "1007"
+    # authors: text after the last '####', stripped, commas kept (their normaliser drops them); no '####': as is
+    assert A.gsm8k_gold(sol, "authors") == "1,007"
+    assert A.gsm8k_gold("#### 5\n#### 6 ", "authors") == "6" and A.gsm8k_gold("#### 5\n#### 6 ") == "5"
+    assert A.gsm8k_gold(" 1,234 ", "authors") == "1,234" and A.gsm8k_gold(" 1,234 ") == "1234"
+    assert A.gsm8k_gold("72 apples", "authors") == "72 apples"
+    assert A.gsm8k_correct("#### 72", "72 apples", "authors") is False  # "72" != "72apples"
     assert A.gsm8k_correct("#### 1007", sol) and A.gsm8k_correct("#### 1007", sol, mode="authors")
 
 
@@ -101,18 +112,22 @@ def test_boxed_nesting():
     assert A.extract_math(r"\fbox{\dfrac{8}{3}}") == r"\dfrac{8}{3}"
 
 
-def test_math_gold_and_empty_gold_flaw():
+def test_math_gold_nested_in_both_modes_but_prediction_not():
+    """official-impl §5.8: the authors' *gold* extraction is nested-brace aware, their *prediction* regex is not."""
     sol = r"Hence $\cos 30^\circ = \boxed{\frac{\sqrt{3}}{2}}$."
     assert A.extract_math_gold(sol) == r"\frac{\sqrt{3}}{2}"
     gold_a = A.extract_math_gold(sol, mode="authors")
-    assert gold_a == ""
-    # with the authors' empty gold, any reply whose extraction is empty scores correct (no answer, or the right
-    # answer in the same nested form), and a reply with a simple boxed answer scores wrong
-    assert A.math_correct("I give up", gold_a, mode="authors") is True
-    assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", gold_a, mode="authors") is True
-    assert A.math_correct(r"\boxed{5}", gold_a, mode="authors") is False
-    assert A.math_correct("I give up", "") is False
+    assert gold_a == r"\frac{\sqrt{3}}{2}"
+    # the right answer in the same nested form extracts "" in authors mode, so it scores wrong there
+    assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", gold_a, mode="authors") is False
     assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", A.extract_math_gold(sol)) is True
+    assert A.math_correct("I give up", gold_a, mode="authors") is False
+    # authors: last \boxed{ only (no \fbox), braces counted without escapes, "" when absent or unclosed
+    assert A.authors_last_boxed(r"\boxed{1} then \boxed{ {2} }") == "{2}"
+    assert A.authors_last_boxed(r"\fbox{3}") == "" and A.extract_math_gold(r"\fbox{3}") == "3"
+    assert A.authors_last_boxed(r"\boxed{a \{ b") == ""
+    assert A.authors_last_boxed(r"\boxed{a \{ b \} c}") == r"a \{ b \} c"
+    assert A.extract_math_gold("no box", "authors") == "" and A.extract_math_gold("no box") is None
 
 
 def test_answer_is_fallback():

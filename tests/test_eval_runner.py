@@ -118,21 +118,57 @@ def test_changed_config_and_foreign_folder_are_refused(models, tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine"  # --overwrite replaces only what the runner writes
 
 
-def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path):
+def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path, monkeypatch):
+    from dsl_llada.eval import models as M
+
     d = data_dir()
     rows = [json.loads(x) for x in (d / "prompts_200.jsonl").read_text().splitlines()[:3]]
-    rows[1]["prompt"] = " ".join([rows[1]["prompt"]] * 400)  # far beyond the model's 2048-token context
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = {"name": "generation", "datasets": [{"name": "p", "path": str(path), "kind": "prompts", "gen_length": 8}]}
     cfg = EvalConfig.from_dict(base_config(models, [task], methods=[{"name": "LLaDA", "model": "llada",
                                                                    "preset": "llada"}], batch_size=3))
+    real = M.run_batch
+    bad_seed = 42 + 1  # row 1 (seeded seed + row number) fails whenever it is in the call
+
+    def flaky(loaded, method, choice, prompt_ids, seeds):
+        if bad_seed in seeds:
+            raise RuntimeError("synthetic failure of row 1")
+        return real(loaded, method, choice, prompt_ids, seeds)
+
+    monkeypatch.setattr(M, "run_batch", flaky)
     res = run_eval(cfg, tmp_path / "run", progress=False)
     recs = read_records(tmp_path / "run")
     assert res.n_errors == 1
     assert [r["error"] is None for r in recs] == [True, False, True]
-    assert "exceeds the model's context of 2048" in recs[1]["error"] and recs[1]["ids"] is None
+    assert recs[1]["error"] == "RuntimeError: synthetic failure of row 1" and recs[1]["ids"] is None
     assert all(len(r["ids"]) <= 8 for r in (recs[0], recs[2]))
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     row = s["tasks"]["generation"]["rows"][0]
     assert (row["n"], row["errors"]) == (3, 1)
+    assert s["errors_by_task"]["generation"] == {"n": 3, "errors": 1, "rate": 1 / 3,
+                                                 "most_common": "RuntimeError: synthetic failure of row 1",
+                                                 "most_common_count": 1}
+    assert res.failed_tasks(0.05) == ["generation"] and res.failed_tasks(0.5) == []
+
+
+def test_genppl_scorer_loaded_once_and_not_again_for_the_report(models, tmp_path):
+    """The run's report loads the scorer once; `eval report` in the same process reuses it, and in a fresh process
+    (shared models released) every text is in genppl_cache.jsonl, so the model is not loaded at all."""
+    from dsl_llada.eval.scorers import shared
+    from dsl_llada.eval.summary import write_report
+
+    task = gen_task(limit=3, gen_length=8)
+    task["options"] = {"scorer": {"path": str(models["ar"])}}
+    cfg = EvalConfig.from_dict(base_config(models, [task]))
+    shared.release_all()
+    before = shared.LOADS.get("causal-lm", 0)
+    run_eval(cfg, tmp_path / "run", progress=False)
+    assert shared.LOADS["causal-lm"] == before + 1
+    first = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]["generation"]["rows"]
+    write_report(tmp_path / "run")
+    assert shared.LOADS["causal-lm"] == before + 1
+    shared.release_all()
+    again = write_report(tmp_path / "run")["tasks"]["generation"]["rows"]
+    assert shared.LOADS["causal-lm"] == before + 1  # all texts cached: no load
+    assert [r["genppl"] for r in again] == [r["genppl"] for r in first] and all(r["genppl"] for r in first)

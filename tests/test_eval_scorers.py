@@ -132,8 +132,8 @@ def test_scorer_folder_errors(tmp_path):
     enc = tmp_path / "bert"
     BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=32)).save_pretrained(enc)
-    with pytest.raises(ScorerError, match="not a causal LM"):
-        CausalLMScorer(enc)
+    with pytest.raises(ScorerError, match="not a causal LM"):  # found when the weights load (first text)
+        CausalLMScorer(enc).nll(["a b c"])
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
@@ -191,14 +191,15 @@ def test_bertscore_identity_and_unrelated(minilm):
 
 
 def test_bertscore_order_batch_invariance_and_cache(minilm):
-    from dsl_llada.eval.scorers.bertscore import _SCORERS, bertscore
+    from dsl_llada.eval.scorers.bertscore import bertscore
+    from dsl_llada.eval.scorers.shared import _LOADED
 
     cands = ["a short one", "the weather today is sunny and warm across the whole country", "hello there",
              "prices rose", "the committee approved the new budget after a long debate"]
     refs = ["a short sentence", "sunny and warm weather is expected nationwide", "hi",
             "prices increased", "after debating for hours the committee passed the budget"]
     base = bertscore(cands, refs, model_dir=minilm, num_layers=4, batch_size=1)
-    s2 = _SCORERS[(str(minilm.resolve()), 4, "cpu", "None")]  # the encoder loaded above, reused
+    s2 = _LOADED[("bertscore", (str(minilm.resolve()), 4, "cpu", "None"))]  # the encoder loaded above, reused
     s2._cache.clear()
     s2.forward_pairs = 0
     perm = [3, 0, 4, 2, 1]

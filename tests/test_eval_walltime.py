@@ -13,7 +13,7 @@ from dsl_llada.eval import models as M
 from dsl_llada.eval.config import EvalConfig
 from dsl_llada.eval.records import read_records
 from dsl_llada.eval.runner import run_eval
-from dsl_llada.eval.walltime import choose_prompts, summarise
+from dsl_llada.eval.walltime import choose_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,14 +25,6 @@ def test_choose_prompts_is_numpy_randomstate_42_without_replacement():
     assert choose_prompts(1000, 20, seed=1) != want
     with pytest.raises(ValueError, match="no rows"):
         choose_prompts(0, 3)
-
-
-def test_summarise_counts_generated_tokens_only():
-    rows = [{"seconds": 1.0, "gen_tokens": 10, "nfe": 8, "forward_passes": 9},
-            {"seconds": 3.0, "gen_tokens": 2, "nfe": 8, "forward_passes": 9},
-            {"seconds": 2.0, "gen_tokens": 0, "nfe": 8, "forward_passes": 9}]
-    s = summarise(rows)
-    assert (s["median_s"], s["mean_s"], s["gen_tokens_per_s"], s["mean_gen_tokens"]) == (2.0, 2.0, 2.0, 4.0)
 
 
 def test_walltime_task_end_to_end(eval_models, tmp_path, monkeypatch):  # noqa: F811

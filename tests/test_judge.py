@@ -33,7 +33,25 @@ def test_parse_reply_robust_takes_first_valid_object_authors_mode_fails_on_two()
     got = parse_reply(text)
     assert got["overall"] == "tie" and got["a"]["factuality"] == 4.0
     assert parse_reply(text, mode="authors") is None  # their greedy {...} span spans several objects
-    assert parse_reply("prefix " + reply(overall="b") + " suffix", mode="authors")["overall"] == "B"
+    assert parse_reply("prefix " + reply(overall="B") + " suffix", mode="authors")["overall"] == "B"
+    # the authors' verdict must be exactly "A", "B" or "tie": no upper-casing, no stripping
+    for v in ("b", "a", "Tie", "TIE", " A"):
+        assert parse_reply(reply(overall=v), mode="authors") is None
+        assert parse_reply(reply(overall=v)) is not None or v == " A"
+
+
+def test_authors_parser_accepts_what_robust_rejects():
+    """official-impl §5.7: their parser decodes the first {...} span and keeps it; scores are not validated."""
+    for text in (reply(a=(6, 4, 4, 4)), '{"a": {"factuality": 3}, "b": {}, "overall": "A"}', '{"overall": "tie"}',
+                 '{"a": 1, "b": "x", "overall": "B", "rationale": 5}'):
+        assert parse_reply(text) is None
+        got = parse_reply(text, mode="authors")
+        assert got is not None and got["overall"] in ("A", "B", "tie")
+    got = parse_reply(reply(a=(6, 4, 4, 4)), mode="authors")
+    assert got["a"]["factuality"] == 6.0 and got["b"]["coverage"] == 2.0
+    assert parse_reply('{"a": {"factuality": 3}, "b": {}, "overall": "A"}', mode="authors")["a"] == {"factuality": 3.0}
+    assert parse_reply('["overall", "A"]', mode="authors") is None and parse_reply("{ broken", mode="authors") is None
+    assert parse_reply('{"overall": "C"}', mode="authors") is None
 
 
 @pytest.mark.parametrize("bad", [
@@ -94,7 +112,12 @@ def _recs(verdicts, swaps=None):
 
 def test_aggregate_hand_computed_rates_axes_and_position_bias():
     recs = _recs(["A", "tie", "B", None, "A"], swaps=[0, 0, 1, 0, 1])
-    s = aggregate(recs, resamples=2000)
+    refused = aggregate(recs, resamples=2000)  # 4 of 5 parsed = 80 % < 90 %: no win rate
+    assert refused["win"] is None and refused["parse_rate"] == pytest.approx(0.8)
+    assert "4 of 5 replies (80.0 %) parsed, below the 90 % needed" in refused["refused"]
+    assert refused["shown_a_rate"] == pytest.approx(2 / 3)  # position bias is still reported
+    s = aggregate(recs, resamples=2000, min_parse_rate=0.8)
+    assert s["refused"] is None
     # displayed verdicts A, tie, B, -, A; un-swapped winners A, tie, A, -, B  → 2 wins, 1 tie, 1 loss of 4 parsed
     assert (s["n_parsed"], s["n_unparsed"]) == (4, 1)
     assert s["win"] == pytest.approx(50.0) and s["tie"] == pytest.approx(25.0) and s["loss"] == pytest.approx(25.0)
@@ -275,21 +298,37 @@ def test_judge_cli_options_and_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_smollm2_judge_end_to_end(tmp_path, one_thread):
+def test_local_smollm2_judge_constrained_parses_all_and_free_text_is_refused(tmp_path, one_thread):
+    """The tiny real judge (SmolLM2-135M, loaded once for both runs): constrained decoding parses every reply and the
+    table shows the parse rate; free text with a tiny budget parses < 90 % and the win rate is withheld (exit 1)."""
     pytest.importorskip("gguf")
     from dsl_llada.eval.judge_backends import smollm2_gguf
+    from dsl_llada.eval.scorers import shared
 
     try:
         smollm2_gguf()
     except ValueError as e:
         pytest.skip(str(e))
-    ra, rb = _write_run(tmp_path / "ra", "xsum", 2, "The cat sat on the mat"), _write_run(tmp_path / "rb", "xsum", 2, "mat")
-    a = _parse([str(ra), str(rb), "--out", str(tmp_path / "j"), "--nfe", "64", "--local", "smollm2",
-                "--max-tokens", "24", "--n", "2", "-q"])
+    ra, rb = _write_run(tmp_path / "ra", "xsum", 3, "The cat sat on the mat"), _write_run(tmp_path / "rb", "xsum", 3, "mat")
+    loads = shared.LOADS.get("causal-lm", 0)
+    a = _parse([str(ra), str(rb), "--out", str(tmp_path / "j"), "--nfe", "64", "--local", "smollm2", "--n", "3",
+                "--resamples", "200", "-q"])
     assert a.func(a) == 0
     lines = [json.loads(x) for x in (tmp_path / "j" / "judgments.jsonl").read_text().splitlines()]
-    assert sorted(r["id"] for r in lines) == ["0", "1"] and all(isinstance(r["reply"], str) and r["reply"] for r in lines)
+    assert sorted(r["id"] for r in lines) == ["0", "1", "2"] and all(r["parsed"] for r in lines)
+    for r in lines:
+        obj = json.loads(r["reply"])
+        assert obj["overall"] in ("A", "B", "tie") and all(obj[s][ax] in range(1, 6) for s in "ab" for ax in AXES)
     summary = json.loads((tmp_path / "j" / "summary.json").read_text())
-    assert summary["n_judgments"] == 2 and summary["n_parsed"] + summary["n_unparsed"] == 2
+    assert summary["parse_rate"] == 1.0 and summary["win"] is not None and summary["refused"] is None
+    md = (tmp_path / "j" / "summary.md").read_text()
+    assert "| 100.0 % (3/3) |" in md and "shown-A rate" in md
     cfg = json.loads((tmp_path / "j" / "judge_config.json").read_text())
-    assert cfg["backend"]["backend"] == "local" and cfg["config"]["n"] == 2
+    assert cfg["backend"]["constrained"] is True and cfg["config"]["n"] == 3
+    b = _parse([str(ra), str(rb), "--out", str(tmp_path / "free"), "--nfe", "64", "--local", "smollm2", "--n", "3",
+                "--unconstrained", "--max-tokens", "3", "--resamples", "200", "-q"])
+    assert b.func(b) == 1
+    free = json.loads((tmp_path / "free" / "summary.json").read_text())
+    assert free["parse_rate"] == 0.0 and free["win"] is None and "win rate withheld" in free["refused"]
+    assert "win rate withheld" in (tmp_path / "free" / "summary.md").read_text()
+    assert shared.LOADS["causal-lm"] == loads + 1  # one load for both judge runs

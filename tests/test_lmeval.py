@@ -146,7 +146,7 @@ def test_adapter_requests_directly(model_dirs, one_thread):
     one = DSLLadaLM.create_from_arg_string(f"model_dir={model_dirs / 'backbone'},sampler=remask,steps=4,gen_length=8,"
                                            "chat_template=false,batch_size=1")
     assert one.generate_until(gen) == texts  # batch-size invariance of generation
-    with pytest.raises(ValueError, match="unknown RemaskConfig field"):
+    with pytest.raises(ValueError, match="unknown field 'nfe' for sampler 'remask'"):
         DSLLadaLM.create_from_arg_string(f"model_dir={model_dirs / 'backbone'},sampler=remask,nfe=4")
 
 

@@ -1,4 +1,4 @@
-"""Samplers chosen by config type; the method name comes from the config (sampling.dispatch, SamplerChoice)."""
+"""The config names its sampler (`sampler_name`, a row of the registry) and `sample` runs that row's function."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.generation import SAMPLERS, SamplerChoice, run_sampler
+from dsl_llada.generation import SAMPLERS, run_sampler
 from dsl_llada.sampling import PromptBatch, sample, sample_block_sde, sample_remask, sample_sde
 from helpers import gen, tiny_dsl
 
@@ -29,16 +29,14 @@ def test_config_type_picks_the_sampler_and_names_it(model, config, name, direct)
     out = sample(model, pb, config, generator=[gen(1), gen(2)])
     ref = direct(model, pb, config, generator=[gen(1), gen(2)])
     assert torch.equal(out.ids, ref.ids) and out.forward_passes == ref.forward_passes
-    assert config.sampler_name == name == out.config["sampler"] == SamplerChoice(config).name
-    assert torch.equal(run_sampler(model, pb, SamplerChoice(config), generator=[gen(1), gen(2)]).ids, out.ids)
+    assert config.sampler_name == name == out.config["sampler"]
+    assert torch.equal(run_sampler(model, pb, config, generator=[gen(1), gen(2)]).ids, out.ids)
     assert name in SAMPLERS
 
 
 def test_a_remdm_config_cannot_be_labelled_remask():
-    """The old SamplerChoice('remask', RemaskConfig(remdm=True)) mislabelled records; the name is now derived."""
-    assert SamplerChoice(RemaskConfig(remdm=True)).name == "remdm"
-    with pytest.raises(TypeError):
-        SamplerChoice("remask", RemaskConfig(remdm=True))  # type: ignore[call-arg]
+    """A record's sampler name is derived from its config, never given next to it."""
+    assert RemaskConfig(remdm=True).sampler_name == "remdm" and RemaskConfig().sampler_name == "remask"
 
 
 def test_bad_model_or_config_type(model):
@@ -47,5 +45,3 @@ def test_bad_model_or_config_type(model):
         sample(model.backbone, pb, SDEConfig(nfe=2, gen_length=4, block_length=2))
     with pytest.raises(TypeError, match="dict names no sampler"):
         sample(model, pb, {"nfe": 2})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="names no sampler"):
-        SamplerChoice({"nfe": 2})  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsl_llada.cli import _sampler_choice, build_parser
+from dsl_llada.cli import _sampler_config, build_parser
 from dsl_llada.config import SDEConfig
 from dsl_llada.sampling import heun_solve
 
@@ -87,9 +87,9 @@ def _cli(*extra: str) -> argparse.Namespace:
 
 
 def test_cli_predictor_noise_flag(capsys):
-    assert _sampler_choice(_cli()).config.predictor_noise is True
-    assert _sampler_choice(_cli("--no-predictor-noise")).config.predictor_noise is False
-    assert _sampler_choice(_cli("--predictor-noise")).config.predictor_noise is True
+    assert _sampler_config(_cli()).predictor_noise is True
+    assert _sampler_config(_cli("--no-predictor-noise")).predictor_noise is False
+    assert _sampler_config(_cli("--predictor-noise")).predictor_noise is True
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--help"])
     text = capsys.readouterr().out

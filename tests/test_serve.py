@@ -372,9 +372,10 @@ def test_cli_help_and_bad_values(capsys, model_dir):
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert all(o in out for o in opts), (sub, out)
-    with pytest.raises(SystemExit) as e:
-        main(["serve", "--model", str(model_dir), "--max-batch", "0"])
-    assert e.value.code == 2 and "'0' must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model_dir), "--max-batch", "0"]) == 2
+    assert "max_batch=0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--model", str(model_dir), "--max-wait-ms", "-1"]) == 2
+    assert "max_wait_ms=-1.0 must be >= 0" in capsys.readouterr().err
     assert main(["serve", "--model", str(model_dir / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--model", str(model_dir), "--ui", "--api-key", "k"]) == 2

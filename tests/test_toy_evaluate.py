@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dsl_llada.config import SDEConfig
-from dsl_llada.generation import SamplerChoice, run_sampler
+from dsl_llada.generation import run_sampler
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.toy import ToyWorld, ToyWorldConfig
@@ -31,9 +31,9 @@ def test_records_use_the_toy_seed_formula_and_the_shared_sampler_path(toy, seed)
     method = Method("DSL-SDE", "dsl", "sde", {"eta": 0.5, "predictor_noise": False})
     recs = sample_records(models, world, tok, examples, [method], [2], gen_length=8, batch_size=2, seed=seed)
     assert [r["seed"] for r in recs] == [seed * 100_003 + i for i in range(3)]
-    choice = method.choice(2, 8)
-    assert choice == SamplerChoice(SDEConfig(nfe=2, gen_length=8, eta=0.5, predictor_noise=False))
-    assert choice.name == "sde"
+    choice = method.config(2, 8)
+    assert choice == SDEConfig(nfe=2, gen_length=8, eta=0.5, predictor_noise=False)
+    assert choice.sampler_name == "sde"
     for i, (ex, rec) in enumerate(zip(examples, recs)):  # prompt i alone with its own seed gives the same output
         ids = tok.encode(render_prompt(ex.prompt), add_special_tokens=False)
         out = run_sampler(models["dsl"], PromptBatch.from_lists([ids], models["dsl"].special.pad_id), choice,

@@ -65,7 +65,7 @@ def write_safetensors(state: Mapping[str, torch.Tensor], folder: Path, *, max_sh
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     seen: dict[tuple[int, int], str] = {}
     for k, v in tensors.items():
-        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        key = (v.untyped_storage().data_ptr(), int(v.storage_offset()))
         if key in seen:
             tensors[k] = v.clone()
         else:

@@ -13,44 +13,54 @@ from .utils import run_cli_command
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
+    """`--sampler` and one flag per field of the samplers' configs, all from the registry."""
     from .cli_config import add_config_args
-    from .config import RemaskConfig, SDEConfig
-    from .sampling.dispatch import SAMPLERS
+    from .sampling.registry import REGISTRY, SAMPLERS, sampler_help
 
-    g = p.add_argument_group("sampler", "--sampler picks the config: sde / block-sde take SDEConfig's fields, "
-                                        "remask / remdm RemaskConfig's; a flag of the other config is an error")
-    g.add_argument("--sampler", default="sde", choices=SAMPLERS,
-                   help="sde = DSL-LLaDA-SDE (Heun); block-sde = Block SDE (needs --block-length > 0); "
-                        "remask = LLaDA low-confidence remasking; remdm = ReMDM-conf-loop (default: sde)")
-    add_config_args(g, (SDEConfig, "sde/block-sde"), (RemaskConfig, "remask/remdm"), exclude=("remdm",),
+    classes: dict[type, list[str]] = {}
+    for spec in REGISTRY.values():
+        classes.setdefault(spec.config_class, []).append(spec.name)
+    fixed = sorted({k for spec in REGISTRY.values() for k in spec.fixed})
+    g = p.add_argument_group("sampler", "--sampler picks the config: " + "; ".join(
+        f"{' / '.join(names)} take{'s' if len(names) == 1 else ''} {cls.__name__}'s fields" for cls, names in classes.items())
+        + "; a flag of another config is an error")
+    g.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS, help=f"{sampler_help()} (default: {SAMPLERS[0]})")
+    add_config_args(g, *((cls, "/".join(names)) for cls, names in classes.items()), exclude=fixed,
                     negative_aliases={"truncate_at_eos": "--no-truncate"})
 
 
-def _sampler_choice(a: argparse.Namespace):
-    from .cli_config import config_from_args
-    from .config import RemaskConfig, SDEConfig
-    from .generation import SamplerChoice
+def _add_convert_args(p: argparse.ArgumentParser) -> None:
+    """`convert`'s model flags, one per field of ConverterConfig and DSLConfig (defaults are the dataclasses')."""
+    from .cli_config import add_config_args
+    from .config import ConverterConfig, DSLConfig
 
-    if a.sampler in ("sde", "block-sde"):
-        block = getattr(a, "block_length", 0)
-        if a.sampler == "block-sde" and block <= 0:
-            raise ValueError("--sampler block-sde needs --block-length > 0")
-        if a.sampler == "sde" and block > 0:
-            raise ValueError(f"--block-length {block} runs Block SDE: use --sampler block-sde (or --block-length 0)")
-        cfg = config_from_args(SDEConfig, a, others=(RemaskConfig,))
-    else:
-        cfg = config_from_args(RemaskConfig, a, others=(SDEConfig,), remdm=a.sampler == "remdm")
-    return SamplerChoice(cfg)
+    g = p.add_argument_group("DSL model", "the converter and noise embedding of the new checkpoint (dsl_config.json)")
+    add_config_args(g, (ConverterConfig, "converter"), negative_aliases={"trainable_noise_embed": "--frozen-noise-embed"},
+                    aliases={"noise_seed": "--seed"})
+    add_config_args(g, (DSLConfig, "model"), exclude=("converter", "backbone_type"))
 
 
-def _generate_settings(a: argparse.Namespace, choice, prompts: list[str], dtype: str, device: str) -> dict:
+def _sampler_config(a: argparse.Namespace):
+    """The config of `--sampler` and its flags, through the registry's parser (errors name the flag)."""
+    from .cli_config import flag_name, given_config_fields
+    from .sampling.registry import REGISTRY, SamplerSettingError, get_spec, sampler_config
+
+    spec = get_spec(a.sampler)
+    given = given_config_fields(spec.config_class, a, others={s.config_class for s in REGISTRY.values()})
+    try:
+        return sampler_config(a.sampler, given)
+    except SamplerSettingError as e:
+        raise SamplerSettingError(f"{flag_name(e.field)}: {e}" if e.field else str(e), e.field) from None
+
+
+def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str) -> dict:
     """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
     import hashlib
 
     digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
-            "sampler": choice.name,
-            "config": choice.config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
+            "sampler": config.sampler_name,
+            "config": config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
             "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
 
 
@@ -60,7 +70,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                           load_tokenizer, parse_dtype, read_prompts)
     from .records import RecordFile
 
-    choice = _sampler_choice(a)
+    config = _sampler_config(a)
     prompts = list(a.prompt or [])
     if a.prompts_file:
         prompts += read_prompts(a.prompts_file, a.prompt_field)
@@ -76,12 +86,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # checked before the model is loaded: nothing is written yet
-        out = RecordFile.open(a.output, _generate_settings(a, choice, prompts, dtype, device), overwrite=a.overwrite,
+        out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
     tok = load_tokenizer(a.tokenizer or a.model)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
-    check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
+    check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
 
     def show(batch: list[dict]) -> None:
         if out is not None:
@@ -95,7 +105,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if out.done:
             print(f"resuming {a.output}: {len(out.done)} of {len(prompts)} prompts already done", file=sys.stderr)
     try:
-        records = generate(model, tok, prompts, choice, batch_size=a.batch_size, seed=a.seed,
+        records = generate(model, tok, prompts, config, batch_size=a.batch_size, seed=a.seed,
                            chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
                            skip=out.done if out is not None else (), on_batch=show)
     except KeyboardInterrupt:
@@ -124,16 +134,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_config(a: argparse.Namespace):
+    """The DSL config of `convert`: ConverterConfig's and DSLConfig's flags (generated from the dataclasses)."""
+    from .cli_config import config_from_args, given_fields
+    from .config import ConverterConfig, DSLConfig
+
+    return DSLConfig(converter=config_from_args(ConverterConfig, a), **given_fields(DSLConfig, a))
+
+
 def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import load_backbone
-    from .config import ConverterConfig, DSLConfig
     from .loading import parse_dtype
     from .model import DSLModel
 
-    cfg = DSLConfig(converter=ConverterConfig(noise_dim=a.noise_dim, noise_init=a.noise_init, beta_init=a.beta_init,
-                                              layout=a.layout, trainable_noise_embed=not a.frozen_noise_embed,
-                                              noise_seed=a.seed),
-                    context_embedding=a.context_embedding)
+    cfg = _convert_config(a)
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
@@ -143,7 +157,8 @@ def cmd_convert(a: argparse.Namespace) -> int:
     backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
     model = DSLModel.convert(backbone, cfg)
     model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
-    print(f"wrote DSL checkpoint to {a.output} (noise_dim={a.noise_dim}, beta_init={a.beta_init}, layout={a.layout})")
+    c = cfg.converter
+    print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
     return 0
 
 
@@ -189,14 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="replace a previous DSL checkpoint at OUTPUT (a folder holding anything else is never deleted)")
     c.add_argument("--allow-download", action="store_true", help="allow fetching the backbone from the Hugging Face hub")
-    c.add_argument("--noise-dim", type=int, default=100)
-    c.add_argument("--noise-init", default="random", choices=["random", "pca"])
-    c.add_argument("--beta-init", type=float, default=1.0)
-    c.add_argument("--layout", default="released", choices=["released", "paper"])
-    c.add_argument("--context-embedding", default="converter", choices=["converter", "wte"])
-    c.add_argument("--frozen-noise-embed", action="store_true", help="authors' frozen noise embedding")
-    c.add_argument("--seed", type=int, default=42, help="noise-embedding init seed")
-    c.add_argument("--dtype", default="float32")
+    c.add_argument("--dtype", default="float32", help="dtype the backbone is loaded and the checkpoint saved in")
+    _add_convert_args(c)
     c.set_defaults(func=cmd_convert)
 
     d = sub.add_parser("demo", help="the whole pipeline on the embedded toy world (CPU, minutes)")

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-__all__ = ["add_config_args", "config_from_args", "field_docs", "given_fields"]
+__all__ = ["add_config_args", "config_from_args", "field_docs", "flag_name", "given_config_fields", "given_fields"]
 
 
 @functools.cache
@@ -41,7 +41,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _kind(tp: Any) -> tuple[type, tuple | None]:
+def _kind(tp: Any) -> tuple[type, tuple[Any, ...] | None]:
     """(scalar type, choices or None) of a field annotation; `X | None` is X (None stays the config's default)."""
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -60,12 +60,15 @@ def _fmt(value: Any) -> str:
 
 
 def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *configs: tuple[type, str],
-                    exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None) -> None:
+                    exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None,
+                    aliases: Mapping[str, str] | None = None) -> None:
     """Add one flag per field of each `(config class, label)`; a field shared by several classes is one flag whose
     help names each class's label (e.g. 'sde: ...; remask: ...' when their docstrings differ).
 
     exclude: field names that get no flag (set by the caller instead). negative_aliases: extra spellings that set a
-    boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines.
+    boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines. aliases:
+    a second spelling of a field's flag (e.g. {'noise_seed': '--seed'}). Hand-written options can be added to the
+    same parser before or after; they only must not reuse a field's flag.
     """
     skip = set(exclude)
     merged: dict[str, list[tuple[str, Any, str, Any]]] = {}  # field -> [(label, type, doc, default)]
@@ -77,17 +80,17 @@ def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
                 continue
             if f.name not in docs:
                 raise TypeError(f"{cls.__name__}.{f.name} has no docstring; the CLI help is made from it")
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
             merged.setdefault(f.name, []).append((label, hints[f.name], docs[f.name], default))
     for name, entries in merged.items():
         kinds = {_kind(tp) for _, tp, _, _ in entries}
         if len(kinds) > 1:
             raise TypeError(f"field {name!r} has different types in {[lbl for lbl, *_ in entries]}: {kinds}")
         (scalar, choices), = kinds
-        docs = list(dict.fromkeys(doc for _, _, doc, _ in entries))
+        texts = list(dict.fromkeys(doc for _, _, doc, _ in entries))
         defaults = list(dict.fromkeys(repr(default) for *_, default in entries))
         if len(defaults) == 1:
-            text = docs[0] if len(docs) == 1 else "; ".join(f"{lbl}: {doc.rstrip('.')}" for lbl, _, doc, _ in entries)
+            text = texts[0] if len(texts) == 1 else "; ".join(f"{lbl}: {doc.rstrip('.')}" for lbl, _, doc, _ in entries)
             help_text = f"{_fmt(text)} (default: {_fmt(entries[0][3])})"
         else:
             help_text = "; ".join(f"{lbl}: {_fmt(doc)} (default: {_fmt(default)})" for lbl, _, doc, default in entries)
@@ -95,11 +98,12 @@ def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         if len(labels) < len(configs):
             help_text = f"[{', '.join(labels)}] {help_text}"
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        spellings = [_flag(name), *([aliases[name]] if aliases and name in aliases else [])]
         if scalar is bool:
-            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(*spellings, action=argparse.BooleanOptionalAction, **kw)
         else:
             metavar = None if choices else scalar.__name__.upper()
-            parser.add_argument(_flag(name), type=scalar, choices=choices, metavar=metavar, **kw)
+            parser.add_argument(*spellings, type=scalar, choices=choices, metavar=metavar, **kw)
         alias = (negative_aliases or {}).get(name)
         if alias:
             parser.add_argument(alias, dest=name, action="store_false", default=argparse.SUPPRESS,
@@ -111,16 +115,24 @@ def given_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
-def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[type] = (), **fixed: Any) -> Any:
-    """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
+def flag_name(field: str) -> str:
+    """The command-line flag of config field `field` ('block_length' -> '--block-length')."""
+    return _flag(field)
 
-    others: config classes whose flags share the parser; one of their fields given on the command line that `cls`
-    does not have is a ValueError naming the flag (it would otherwise be silently ignored).
-    """
+
+def given_config_fields(cls: type, args: argparse.Namespace, *, others: Iterable[type] = ()) -> dict[str, Any]:
+    """The fields of `cls` given on the command line; a field of one of `others` (config classes whose flags share
+    the parser) that `cls` does not have is a ValueError naming the flag (it would otherwise be silently ignored)."""
     own = {f.name for f in dataclasses.fields(cls)}
     stray = sorted({n for other in others for n in given_fields(other, args)} - own)
     if stray:
         flags = ", ".join(_flag(n) for n in stray)
         raise ValueError(f"{flags} {'does' if len(stray) == 1 else 'do'} not apply here: {cls.__name__} has no such "
                          f"field (its flags: {', '.join(_flag(n) for n in sorted(own & set(field_docs(cls))))})")
-    return cls(**{**given_fields(cls, args), **fixed})
+    return given_fields(cls, args)
+
+
+def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[type] = (), **fixed: Any) -> Any:
+    """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
+    others: as `given_config_fields`."""
+    return cls(**{**given_config_fields(cls, args, others=others), **fixed})

@@ -50,7 +50,7 @@ def read_config_file(path: str | Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _choice(name: str, value: Any, allowed: tuple) -> None:
+def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
 
 
@@ -79,7 +79,7 @@ class ConfigBase:
         kwargs: dict[str, Any] = {}
         for k, v in data.items():
             sub = cls._nested.get(k)
-            if sub is not None and isinstance(v, dict):
+            if sub is not None and isinstance(v, dict) and issubclass(sub, ConfigBase):
                 v = sub.from_dict(v)
             elif isinstance(v, list) and isinstance(names[k].default, tuple):
                 v = tuple(v)
@@ -157,6 +157,9 @@ class DSLConfig(ConfigBase):
                f"backbone_type={self.backbone_type!r} must be a backbone family name (e.g. 'llada', 'dream') or None")
 
 
+SDE, BLOCK_SDE, REMASK, REMDM = "sde", "block-sde", "remask", "remdm"
+"""The sampler names a config's `sampler_name` returns; the table of samplers is `dsl_llada.sampling.registry`."""
+
 CacheMode = Literal["off", "prefix", "dual"]
 CACHE_MODES: tuple[str, ...] = ("off", "prefix", "dual")
 
@@ -175,7 +178,8 @@ class SDEConfig(ConfigBase):
     with the authors' sampler (noise in the Heun predictor, the code behind the paper's numbers)."""
 
     nfe: int = 64
-    """Solver model evaluations N (even); S = N/2 Heun steps; forward passes actually run = N + 1."""
+    """NFE N: model evaluations of the Heun solver per denoising window (the whole response, or one block of Block
+    SDE), even; S = N/2 steps; forward passes per window = N + 1 (docs/samplers.md, "Accounting")."""
     gen_length: int = 256
     """Response length L in tokens."""
     schedule: ScheduleName = "sensitive"
@@ -245,7 +249,7 @@ class SDEConfig(ConfigBase):
     @property
     def sampler_name(self) -> str:
         """The method this config runs: 'block-sde' when block_length > 0, else 'sde'."""
-        return "block-sde" if self.block_length else "sde"
+        return BLOCK_SDE if self.block_length else SDE
 
     def resolved_eta(self) -> float:
         if self.eta is not None:
@@ -334,7 +338,7 @@ class RemaskConfig(ConfigBase):
     @property
     def sampler_name(self) -> str:
         """The method this config runs: 'remdm' when remdm is on, else 'remask'."""
-        return "remdm" if self.remdm else "remask"
+        return REMDM if self.remdm else REMASK
 
     @property
     def effective_block_length(self) -> int:

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .backbones.base import Backbone
-from .config import RemaskConfig, SDEConfig
 from .loading import check_prompt_lengths, check_prompt_texts, context_limit, encode_prompt
 from .model import DSLModel
 from .sampling.common import PromptBatch, SampleOutput, StepCallback
@@ -26,34 +24,16 @@ from .utils import atomic_write_text, progress as progress_bar
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLERS", "NonFiniteLogitsError", "SamplerChoice", "generate", "run_sampler", "sample_in_batches", "write_jsonl"]
-@dataclass(frozen=True)
-class SamplerChoice:
-    """A sampler's typed config: its type picks the sampler (`sampling.dispatch`) and `name` is derived from it."""
-
-    config: SamplerConfig
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.config, (SDEConfig, RemaskConfig)):
-            raise TypeError(f"config of type {type(self.config).__name__} names no sampler; "
-                            f"expected SDEConfig or RemaskConfig")
-
-    @property
-    def name(self) -> str:
-        """'sde', 'block-sde', 'remask' or 'remdm' (one of SAMPLERS), as the config says."""
-        return self.config.sampler_name
-
-
-def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, choice: SamplerChoice | SamplerConfig, *,
+__all__ = ["SAMPLERS", "NonFiniteLogitsError", "generate", "run_sampler", "sample_in_batches", "write_jsonl"]
+def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, config: SamplerConfig, *,
                 generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False,
                 callback: StepCallback | None = None) -> SampleOutput:
-    """Run one batch through the sampler that the config's type picks (`callback`: the samplers' step observer)."""
-    config = choice.config if isinstance(choice, SamplerChoice) else choice
+    """Run one batch through the sampler that the config names (`callback`: the samplers' step observer)."""
     return sample(model, prompts, config, generator=generator, progress=progress, callback=callback)
 
 
 def sample_in_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
-                      choice: SamplerChoice | SamplerConfig, *,
+                      config: SamplerConfig, *,
                       batch_size: int, seed_of: Callable[[int], int], progress: bool = False,
                       desc: str = "sample") -> Iterator[tuple[int, SampleOutput]]:
     """Encoded prompts in left-padded batches of `batch_size`; yields (index of the batch's first prompt, output).
@@ -69,10 +49,10 @@ def sample_in_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[
         chunk = prompt_ids[start : start + batch_size]
         batch = PromptBatch.from_lists(chunk, pad_id=model.special.pad_id, device=device)
         gens = [torch.Generator(device="cpu").manual_seed(seed_of(start + j)) for j in range(len(chunk))]
-        yield start, run_sampler(model, batch, choice, generator=gens)
+        yield start, run_sampler(model, batch, config, generator=gens)
 
 
-def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choice: SamplerChoice, *,
+def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], config: SamplerConfig, *,
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
@@ -92,7 +72,7 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choi
     check_prompt_texts(prompts)
     if encoded is None:
         encoded = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
-        check_prompt_lengths(encoded, context=context_limit(model), gen_length=choice.config.gen_length)
+        check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
     done = set(skip)
     special = model.special
     device = next(model.parameters()).device
@@ -100,19 +80,19 @@ def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], choi
     def run(idx: list[int]) -> list[dict[str, Any]]:
         batch = PromptBatch.from_lists([encoded[i] for i in idx], pad_id=special.pad_id, device=device)
         gens = [torch.Generator(device="cpu").manual_seed(seed + i) for i in idx]
-        out = run_sampler(model, batch, choice, generator=gens, callback=FiniteLogitsGuard())
+        out = run_sampler(model, batch, config, generator=gens, callback=FiniteLogitsGuard())
         return [{"index": i, "prompt": prompts[i], "response": tokenizer.decode(ids, skip_special_tokens=True),
-                 "response_ids": ids, "length": len(ids), "sampler": choice.name, "nfe": out.nfe,
+                 "response_ids": ids, "length": len(ids), "sampler": config.sampler_name, "nfe": out.nfe,
                  "forward_passes": out.forward_passes, "seed": seed + i} for i, ids in zip(idx, out.responses(), strict=True)]
 
     def failed(i: int, e: BaseException) -> dict[str, Any]:
         log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i, type(e).__name__, e)
-        return {"index": i, "prompt": prompts[i], "error": f"{type(e).__name__}: {e}", "sampler": choice.name,
+        return {"index": i, "prompt": prompts[i], "error": f"{type(e).__name__}: {e}", "sampler": config.sampler_name,
                 "seed": seed + i}
 
     records: list[dict[str, Any]] = []
     starts = [s for s in range(0, len(prompts), batch_size) if any(i not in done for i in range(s, min(s + batch_size, len(prompts))))]
-    for start in progress_bar(starts, total=len(starts), desc=f"generate ({choice.name})", enabled=progress):
+    for start in progress_bar(starts, total=len(starts), desc=f"generate ({config.sampler_name})", enabled=progress):
         idx = [i for i in range(start, min(start + batch_size, len(prompts))) if i not in done]
         try:
             batch_records = run(idx)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -141,7 +142,7 @@ class DSLModel(nn.Module):
 
     # -- checkpoints -------------------------------------------------------------------------------
     def dsl_state_dict(self) -> dict[str, torch.Tensor]:
-        state = {"noise_embed.weight": self.noise_embed.weight}
+        state: dict[str, torch.Tensor] = {"noise_embed.weight": self.noise_embed.weight}
         state.update({f"converter.{k}": v for k, v in self.converter.state_dict().items()})
         return state
 
@@ -209,7 +210,7 @@ def infer_released_config(folder: Path, names: set[str]) -> DSLConfig:
     if {"converter.gate_temp", "converter.gate_bias"} & names:
         raise CheckpointError(f"{folder} uses the SNR-gated residual converter (gate_temp/gate_bias), which is not supported")
     shape = read_tensors(folder, ["noise_embed.weight"])["noise_embed.weight"].shape
-    layout = "released" if "converter.backbone_embedding.bias" in names else "paper"
+    layout: Literal["released", "paper"] = "released" if "converter.backbone_embedding.bias" in names else "paper"
     conv = ConverterConfig(noise_dim=int(shape[1]), layout=layout, trainable_noise_embed=False,
                            residual="converter.residual_proj.weight" in names)
     return DSLConfig(converter=conv, context_embedding="wte")

@@ -158,12 +158,15 @@ class RecordFile:
         if not records:
             return
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self.path}: append() before begin() (the record file is not open)")
         try:
-            _write_all(self._fd, data)
-            os.fsync(self._fd)
+            _write_all(fd, data)
+            os.fsync(fd)
         except OSError as e:
             with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._valid_bytes)
+                os.ftruncate(fd, self._valid_bytes)
             raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
         self._valid_bytes += len(data)
         for r in records:

@@ -17,7 +17,8 @@
 number, so "Hello, world" extracts ""), commas removed; both sides go through the same string normalisation
 (strip, lower-case, drop ``, $ %`` and spaces, strip trailing periods) and are compared as strings, so
 ``3.0 != 3`` and an empty prediction equals an empty gold. MATH uses a regex that tolerates one level of
-nested braces (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing — for golds too) and an "answer is" fallback
+nested braces in *predictions* (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing; golds use a brace-counting
+scanner, :func:`authors_last_boxed`) and an "answer is" fallback
 that stops at the first period ("answer is 3.14" gives "3").
 
 Pure functions: no model, no I/O.
@@ -30,6 +31,7 @@ from fractions import Fraction
 
 __all__ = [
     "MODES",
+    "authors_last_boxed",
     "authors_normalize",
     "extract_gsm8k",
     "extract_math",
@@ -74,9 +76,13 @@ def authors_normalize(s: str) -> str:
 
 # at least one digit; thousands groups "1,234,567" or plain digits; optional decimals; or ".5"
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
-_SIGNED_NUM = re.compile(r"(?<![\w.])(-?)\$?\s?(" + _NUM + r")")
-_HASH = re.compile(r"####\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))")
-_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))", re.IGNORECASE)
+# a number is a whole token: "2,5" (a comma that is not a thousands separator) is no number at all -- neither
+# 25 nor 2.5 -- instead of the two numbers "2" and "5"; "1,2345" likewise
+_NUM_END = r"(?!,?\d)"
+_SIGNED_NUM = re.compile(r"(?<![\w.])(?<!\d,)(-?)\$?\s?(" + _NUM + r")" + _NUM_END)
+_HASH = re.compile(r"####\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))" + _NUM_END)
+_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|=|:)\s*\$?\s*(-?\$?\s?(?:" + _NUM + "))" + _NUM_END,
+                        re.IGNORECASE)
 _FRACTION = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$|^(-?\d+)/(\d+)$")
 
 
@@ -139,9 +145,17 @@ def extract_gsm8k(text: str, mode: str = "default") -> str | None:
 
 
 def gsm8k_gold(gold_text: str, mode: str = "default") -> str:
-    """The gold answer: the text after the first ``####`` when present (the dataset's ``answer`` field), else the
-    whole string (an already-extracted ``gold_answer``); stripped, commas removed."""
+    """The gold answer.
+
+    Default: the rest of the line after the first ``####`` when present (the dataset's ``answer`` field), else
+    the whole string (an already-extracted ``gold_answer``); stripped, commas removed.
+    Authors (official-impl §5.8, "gold GSM8K = text after ####"): the text after the last ``####``
+    (``split("####")[-1]``), stripped, commas kept (their comparison normalises them away); without ``####``
+    the gold text itself, stripped (their data files carry the extracted ``gold_answer``).
+    """
     _check_mode(mode)
+    if mode == "authors":
+        return gold_text.split("####")[-1].strip()
     m = _A_GOLD_HASH.search(gold_text)
     s = m.group(1) if m else gold_text
     return s.strip().replace(",", "")
@@ -213,13 +227,30 @@ def extract_math(text: str, mode: str = "default") -> str | None:
     return None
 
 
+def authors_last_boxed(solution: str) -> str:
+    """The authors' gold extraction for MATH (official-impl §5.8: "last boxed in solution, nested-brace aware"):
+    the content of the last ``\\boxed{`` with braces counted (no escape handling, no ``\\fbox``), stripped;
+    ``""`` when there is none or its braces never close."""
+    start = solution.rfind("\\boxed{")
+    if start < 0:
+        return ""
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(solution)):
+        depth += (solution[j] == "{") - (solution[j] == "}")
+        if depth == 0:
+            return solution[i:j].strip()
+    return ""
+
+
 def extract_math_gold(solution: str, mode: str = "default") -> str | None:
-    """The gold answer of a MATH solution: the last boxed expression (balanced braces by default; the authors'
-    one-level regex in authors mode, which yields ``""`` for e.g. ``\\boxed{\\frac{\\sqrt{3}}{2}}``)."""
+    """The gold answer of a MATH solution: the last boxed expression with balanced braces (default: also
+    ``\\fbox``, escaped braces skipped, ``None`` when there is none; authors: :func:`authors_last_boxed`, ``""``
+    when there is none). Unlike the *prediction* regex, the authors' gold extraction is nested-brace aware, so
+    ``\\boxed{\\frac{\\sqrt{3}}{2}}`` gives ``\\frac{\\sqrt{3}}{2}`` in both modes."""
     _check_mode(mode)
     if mode == "authors":
-        hits = _A_BOXED.findall(solution)
-        return hits[-1].strip() if hits else ""
+        return authors_last_boxed(solution)
     return last_boxed(solution)
 
 

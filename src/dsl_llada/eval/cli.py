@@ -19,7 +19,8 @@ overrides are dotted EvalConfig keys; list elements by name or index, e.g.
 
 resume: run the same command again (finished items are kept and never re-run).
 multi-process: accelerate launch [--multi_gpu --num_processes N] -m dsl_llada eval run --config ... --out ...
-exit codes: 0 done, 2 bad configuration, data or output folder
+exit codes: 0 done, 1 more than --max-error-rate of a task's items errored, 2 bad configuration, data,
+  model or output folder (checked before anything is written)
 """
 
 
@@ -41,6 +42,9 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--new-run", action="store_true",
                    help="the folder holds a run with another config: move its files to previous-<time>/ and start over")
     r.add_argument("--no-report", action="store_true", help="do not write summary.json/summary.md/figures at the end")
+    r.add_argument("--max-error-rate", type=float, default=0.05, metavar="FRACTION",
+                   help="exit 1 (naming the most common error) when more than this share of a task's items errored "
+                        "(default 0.05 = 5%%); the records and the report are kept")
     r.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_eval_run)
@@ -65,12 +69,27 @@ def cmd_eval_run(a: argparse.Namespace) -> int:
         return 0
     if a.overwrite and a.new_run:
         raise ValueError("pass either --overwrite or --new-run, not both")
+    if not 0.0 <= a.max_error_rate <= 1.0:
+        raise ValueError(f"--max-error-rate={a.max_error_rate} must be a fraction in [0, 1] (e.g. 0.05)")
     out = Path(a.out) if a.out else Path("eval-runs") / Path(a.config).stem
     res = run_eval(cfg, out, overwrite=a.overwrite, new_run=a.new_run, progress=not a.quiet, report=not a.no_report)
-    if os.environ.get("RANK", "0") == "0":
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:
         print(json.dumps({"run_dir": str(res.run_dir), "items": res.n_items, "run_now": res.n_run,
                           "errors_now": res.n_errors, "world_size": res.world_size,
+                          "errors": {t: st["errors"] for t, st in res.error_stats.items()},
                           "summary": None if a.no_report else str(res.run_dir / "summary.md")}))
+    failed = res.failed_tasks(a.max_error_rate)
+    if failed:
+        if main_rank:
+            import sys
+
+            for t in failed:
+                st = res.error_stats[t]
+                print(f"error: task {t}: {st['errors']} of {st['n']} items errored ({100 * st['rate']:.1f} % > "
+                      f"--max-error-rate {100 * a.max_error_rate:g} %); most common ({st['most_common_count']}x): "
+                      f"{st['most_common']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigBase, ConfigError, read_config_file
-from ..train.config import parse_override_value
+from ..config import BLOCK_SDE, ConfigBase, ConfigError, read_config_file
+from ..overrides import parse_override_value
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
@@ -103,7 +103,7 @@ class DatasetSpec(ConfigBase):
                f"dataset {self.name!r}: template must contain '{{text}}', got {self.template!r}")
 
 
-METHOD_PRESETS = ("dsl-sde", "block-sde", "llada", "llada-eos", "llada-block", "llada-star", "remdm", "dsl-remask",
+METHOD_PRESETS = ("dsl-sde", BLOCK_SDE, "llada", "llada-eos", "llada-block", "llada-star", "remdm", "dsl-remask",
                   "dsl-remask-eos", "dsl-remask-block", "ar")
 
 

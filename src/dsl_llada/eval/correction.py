@@ -35,7 +35,8 @@ import torch
 from . import metrics as M
 
 __all__ = ["PATHS", "CorrectionCase", "aggregate_fix_clean", "align_pair", "case_logits", "fix_clean_records",
-           "noisy_edit_cases", "pair_cases", "random_token_cases", "score_cases", "special_ids"]
+           "noisy_edit_cases", "pair_cases", "predict_ids", "random_token_cases", "realistic_records", "score_cases",
+           "special_ids"]
 
 PATHS = ("discrete", "converter")
 
@@ -77,12 +78,17 @@ def _encode(tokenizer: Any, text: str | Sequence[int], max_tokens: int | None) -
 
 def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, rate: float, seed: int,
                        id_range: tuple[int, int], exclude: Iterable[int] = (),
-                       text_ids: Sequence[Any] | None = None, max_tokens: int | None = None) -> list[CorrectionCase]:
+                       text_ids: Sequence[Any] | None = None, max_tokens: int | None = None,
+                       mode: str = "default") -> list[CorrectionCase]:
     """Random-token corruption: per text, ``numpy.random.default_rng(seed + text_id)`` picks
     ``max(1, floor(n * rate))`` positions and replaces each by a different uniformly random id from
     ``id_range`` (ids in ``exclude`` are re-drawn; :func:`dsl_llada.eval.metrics.corrupt_random_tokens`).
     ``text_id`` is the text's index unless ``text_ids`` (integers) are given, so a text's corruption does not
-    depend on which other texts are evaluated. Empty texts are skipped."""
+    depend on which other texts are evaluated. Empty texts are skipped.
+
+    ``mode="authors"``: :func:`dsl_llada.eval.authors.corrupt_random_tokens` with ``RandomState(seed + text_id)``,
+    ``max(1, int(n * rate))`` positions in the authors' draw order, and no excluded ids (they only re-draw the
+    original id)."""
     ids_list = [_encode(tokenizer, t, max_tokens) for t in texts]
     tids = list(range(len(ids_list))) if text_ids is None else list(text_ids)
     if len(tids) != len(ids_list):
@@ -93,10 +99,16 @@ def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, 
     for tid, ids in zip(tids, ids_list):
         if not ids:
             continue
-        rng = np.random.default_rng(seed + int(tid))
-        corrupted, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
+        if mode == "authors":
+            from .authors import corrupt_random_tokens
+
+            corrupted, positions = corrupt_random_tokens(ids, rate, seed + int(tid), low=low, high=high)
+        else:
+            rng = np.random.default_rng(seed + int(tid))
+            corrupted, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
+            positions = pos.tolist()
         cases.append(CorrectionCase(tid, tuple(ids), tuple(int(x) for x in corrupted),
-                                    {"rate": rate, "positions": pos.tolist()}))
+                                    {"rate": rate, "positions": positions}))
     return cases
 
 
@@ -239,9 +251,44 @@ def case_logits(model: Any, ids: torch.Tensor, *, path: str = "discrete", gamma:
 
 
 def score_cases(model: Any, cases: Sequence[CorrectionCase], *, path: str = "discrete", gamma: float | None = None,
-                seed: int = 0, batch_size: int = 8) -> list[dict[str, Any]]:
-    """One Fix/Clean record per case (in input order). Cases are batched in length-sorted order; a batch with
-    unequal lengths is right-padded with an attention mask (pad id = ``model.special.pad``, or 0)."""
+                seed: int = 0, batch_size: int = 8, mode: str = "default") -> list[dict[str, Any]]:
+    """One Fix/Clean record per case (in input order; :func:`dsl_llada.eval.metrics.fix_clean` in ``mode``).
+    Cases are batched in length-sorted order; a batch with unequal lengths is right-padded with an attention
+    mask (pad id = ``model.special.pad``, or 0)."""
+    preds = predict_ids(model, [c.corrupted for c in cases], [c.case_id for c in cases], path=path, gamma=gamma,
+                        seed=seed, batch_size=batch_size)
+    out = []
+    for i, c in enumerate(cases):
+        r = M.fix_clean(c.original, c.corrupted, preds[i], mode=mode)
+        out.append({"case_id": c.case_id, "path": path, "gamma": gamma, "n_tokens": len(c.original),
+                    "n_corrupted": r.n_corrupted, "n_uncorrupted": r.n_uncorrupted, "fix": r.fix,
+                    "clean": r.clean, **c.meta, "corrupted_ids": list(c.corrupted), "predicted_ids": preds[i]})
+    return out
+
+
+def realistic_records(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, path: str = "discrete",
+                      gamma: float | None = None, seed: int = 0, batch_size: int = 8) -> list[dict[str, Any]]:
+    """The authors' realistic-correction scoring of sentence pairs (``{"id", "original", "corrupted"}``): both
+    sides tokenised separately, the model reads the corrupted ids, and
+    :func:`dsl_llada.eval.authors.realistic_fix_clean` scores it at :func:`~dsl_llada.eval.authors.token_diff_positions`
+    (so pairs whose lengths differ are scored too)."""
+    from .authors import realistic_fix_clean
+
+    pairs = [(r.get("id", i), _encode(tokenizer, r["original"], None), _encode(tokenizer, r["corrupted"], None))
+             for i, r in enumerate(rows)]
+    pairs = [p for p in pairs if p[2]]
+    preds = predict_ids(model, [c for _, _, c in pairs], [cid for cid, _, _ in pairs], path=path, gamma=gamma,
+                        seed=seed, batch_size=batch_size)
+    out = []
+    for (cid, o, c), pr in zip(pairs, preds):
+        r = realistic_fix_clean(o, c, pr)
+        out.append({"case_id": cid, "path": path, "gamma": gamma, "n_tokens": len(c), **r})
+    return out
+
+
+def predict_ids(model: Any, seqs: Sequence[Sequence[int]], case_ids: Sequence[Any], *, path: str = "discrete",
+                gamma: float | None = None, seed: int = 0, batch_size: int = 8) -> list[list[int]]:
+    """Argmax prediction at every position of each id sequence after one forward (batched, length-sorted)."""
     _check_path(model, path, gamma)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -251,33 +298,26 @@ def score_cases(model: Any, cases: Sequence[CorrectionCase], *, path: str = "dis
         device = torch.device("cpu")
     pad = getattr(getattr(model, "special", None), "pad", None)
     pad = pad if isinstance(pad, int) else 0
-    order = sorted(range(len(cases)), key=lambda i: len(cases[i].corrupted))
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     preds: dict[int, list[int]] = {}
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
-        L = max(len(cases[i].corrupted) for i in idx)
+        L = max(len(seqs[i]) for i in idx)
         ids = torch.full((len(idx), L), pad, dtype=torch.long)
         att = torch.zeros(len(idx), L, dtype=torch.long)
         for b, i in enumerate(idx):
-            n = len(cases[i].corrupted)
-            ids[b, :n] = torch.tensor(cases[i].corrupted, dtype=torch.long)
+            n = len(seqs[i])
+            ids[b, :n] = torch.tensor(list(seqs[i]), dtype=torch.long)
             att[b, :n] = 1
         gens = None
         if gamma is not None:
-            gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + hash_id(cases[i].case_id))
-                    for i in idx]
+            gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + hash_id(case_ids[i])) for i in idx]
         logits = case_logits(model, ids.to(device), path=path, gamma=gamma,
                              attention_mask=None if bool(att.all()) else att.to(device), generators=gens)
         am = logits.argmax(-1).cpu()
         for b, i in enumerate(idx):
-            preds[i] = am[b, : len(cases[i].corrupted)].tolist()
-    out = []
-    for i, c in enumerate(cases):
-        r = M.fix_clean(c.original, c.corrupted, preds[i])
-        out.append({"case_id": c.case_id, "path": path, "gamma": gamma, "n_tokens": len(c.original),
-                    "n_corrupted": r.n_corrupted, "n_uncorrupted": r.n_uncorrupted, "fix": r.fix,
-                    "clean": r.clean, **c.meta, "corrupted_ids": list(c.corrupted), "predicted_ids": preds[i]})
-    return out
+            preds[i] = am[b, : len(seqs[i])].tolist()
+    return [preds[i] for i in range(len(seqs))]
 
 
 def hash_id(case_id: Any) -> int:
@@ -292,7 +332,7 @@ def hash_id(case_id: Any) -> int:
 def fix_clean_records(model: Any, tokenizer: Any, texts: Sequence[str | Sequence[int]], *, rate: float,
                       path: str = "discrete", gamma: float | None = None, seed: int = 0, batch_size: int = 8,
                       id_range: tuple[int, int] | None = None, text_ids: Sequence[Any] | None = None,
-                      max_tokens: int | None = None) -> list[dict[str, Any]]:
+                      max_tokens: int | None = None, mode: str = "default") -> list[dict[str, Any]]:
     """Random-token Fix/Clean, one record per (non-empty) text: corrupt with :func:`random_token_cases`
     (replacement ids from ``id_range``, default the whole vocabulary ``[0, V)``; the model's special ids are
     never drawn), then :func:`score_cases`. ``texts`` are strings (tokenised without special tokens) or
@@ -304,8 +344,8 @@ def fix_clean_records(model: Any, tokenizer: Any, texts: Sequence[str | Sequence
     if not 0 <= low < high <= V:
         raise ValueError(f"id_range must satisfy 0 <= low < high <= vocab size {V}, got {(low, high)}")
     cases = random_token_cases(texts, tokenizer, rate=rate, seed=seed, id_range=(low, high),
-                               exclude=special_ids(model), text_ids=text_ids, max_tokens=max_tokens)
-    recs = score_cases(model, cases, path=path, gamma=gamma, seed=seed, batch_size=batch_size)
+                               exclude=special_ids(model), text_ids=text_ids, max_tokens=max_tokens, mode=mode)
+    recs = score_cases(model, cases, path=path, gamma=gamma, seed=seed, batch_size=batch_size, mode=mode)
     for r in recs:
         r["text_id"] = r["case_id"]
     return recs

@@ -28,6 +28,7 @@ import numpy as np
 
 AXES = ("factuality", "coverage", "fluency", "conciseness")
 VERDICTS = ("A", "B", "tie")
+USER_PLACEHOLDERS = ("{reference}", "{candidate_a}", "{candidate_b}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,24 @@ class JudgeConfig:
     """Bootstrap resamples for the 95 % confidence intervals of the win/tie/loss rates."""
     bootstrap_seed: int = 0
     """Seed of the bootstrap's numpy generator."""
+    system_prompt: str | None = None
+    """The judge's system prompt (None = ours, `SYSTEM_PROMPT`); e.g. the authors' own, from `--judge-prompt-file`."""
+    user_template: str | None = None
+    """The user turn with the placeholders {reference}, {candidate_a}, {candidate_b} (and optionally {source})
+    filled in by plain replacement (None = ours)."""
+    min_parse_rate: float = 0.9
+    """Below this share of parsed replies the win rate is withheld (the summary says why)."""
 
     def __post_init__(self) -> None:
+        if self.user_template is not None:
+            missing = [k for k in USER_PLACEHOLDERS if k not in self.user_template]
+            if missing:
+                raise ValueError(f"the judge user template lacks the placeholder(s) {missing}; it must contain "
+                                 f"{list(USER_PLACEHOLDERS)} (and may contain {{source}})")
+        if (self.system_prompt is None) != (self.user_template is None):
+            raise ValueError("give both a judge system prompt and a user template, or neither")
+        if not 0.0 <= self.min_parse_rate <= 1.0:
+            raise ValueError(f"min_parse_rate={self.min_parse_rate!r} must be in [0, 1]")
         if not (isinstance(self.n, int) and self.n >= 1):
             raise ValueError(f"n={self.n!r} must be an int >= 1")
         if self.parse_mode not in ("robust", "authors"):
@@ -119,9 +136,18 @@ SYSTEM_PROMPT = (
 )
 
 
-def build_messages(pair: Pair, *, include_source: bool = False) -> list[dict[str, str]]:
-    """The chat messages for one presentation (system + user)."""
+def build_messages(pair: Pair, *, include_source: bool = False, system_prompt: str | None = None,
+                   user_template: str | None = None) -> list[dict[str, str]]:
+    """The chat messages for one presentation (system + user). With ``system_prompt``/``user_template`` (e.g. the
+    authors' prompt from a file) the template's ``{reference}``, ``{candidate_a}`` (shown first),
+    ``{candidate_b}`` and ``{source}`` are replaced literally (JSON braces in the text stay as written)."""
     first, second = (pair.b, pair.a) if pair.swap else (pair.a, pair.b)
+    if user_template is not None:  # one pass, so a placeholder written inside a summary is never expanded
+        values = {"{reference}": pair.a.reference, "{candidate_a}": first.output, "{candidate_b}": second.output,
+                  "{source}": pair.a.source or ""}
+        user = re.sub(r"\{reference\}|\{candidate_a\}|\{candidate_b\}|\{source\}", lambda m: values[m.group(0)],
+                      user_template)
+        return [{"role": "system", "content": system_prompt or ""}, {"role": "user", "content": user}]
     parts = []
     if include_source and pair.a.source:
         parts.append(f"SOURCE DOCUMENT:\n{pair.a.source}\n")
@@ -161,17 +187,31 @@ def _validate(obj: Any) -> dict[str, Any] | None:
 def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
     """The judge's verdict from its reply, or None when nothing valid is found.
 
-    robust: scan every '{' and decode the JSON value starting there; return the first object with all fields.
-    authors: the greedy span from the first '{' to the last '}' must decode as one valid object.
+    robust: scan every '{' and decode the JSON value starting there; return the first object with all fields
+    (scores 1-5 on every axis, verdict A/B/tie in any case).
+    authors (official-impl §5.7, "parse first {...}"): the greedy span from the first '{' to the last '}' must
+    decode as a JSON object whose "overall" is exactly "A", "B" or "tie" (case and spacing as written); nothing
+    else is checked — the scores are kept as given (numbers only) for the per-axis means.
     """
     if mode == "authors":
         m = re.search(r"\{.*\}", text, flags=re.DOTALL)
         if not m:
             return None
         try:
-            return _validate(json.loads(m.group(0)))
+            obj = json.loads(m.group(0))
         except json.JSONDecodeError:
             return None
+        if not isinstance(obj, dict) or obj.get("overall") not in VERDICTS:
+            return None
+
+        def nums(side: Any) -> dict[str, float]:
+            if not isinstance(side, dict):
+                return {}
+            return {ax: float(side[ax]) for ax in AXES if isinstance(side.get(ax), (int, float))
+                    and not isinstance(side.get(ax), bool)}
+
+        return {"a": nums(obj.get("a")), "b": nums(obj.get("b")), "overall": obj["overall"],
+                "rationale": str(obj.get("rationale", ""))}
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try:
@@ -232,7 +272,8 @@ def bootstrap_rates(groups: Sequence[Sequence[int]], *, resamples: int, seed: in
     return boot
 
 
-def aggregate(records: Iterable[dict[str, Any]], *, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def aggregate(records: Iterable[dict[str, Any]], *, resamples: int = 10_000, seed: int = 0,
+              min_parse_rate: float = 0.9) -> dict[str, Any]:
     """Win/tie/loss % of run A against run B over parsed judgments, with bootstrap 95 % CIs.
 
     Ties stay in the denominator (as the paper). The bootstrap resamples sample ids (all judgments of a sampled id
@@ -242,8 +283,16 @@ def aggregate(records: Iterable[dict[str, Any]], *, resamples: int = 10_000, see
     recs = list(records)
     parsed = [r for r in recs if r.get("parsed")]
     out: dict[str, Any] = {"n_judgments": len(recs), "n_parsed": len(parsed), "n_unparsed": len(recs) - len(parsed),
-                           "n_errors": sum(1 for r in recs if r.get("error"))}
-    if not parsed:
+                           "n_errors": sum(1 for r in recs if r.get("error")),
+                           "parse_rate": len(parsed) / len(recs) if recs else None, "refused": None}
+    decisive = [r["shown_first_won"] for r in parsed if r.get("shown_first_won") is not None]
+    out["shown_a_rate"] = float(np.mean(decisive)) if decisive else None
+    out["n_decisive"] = len(decisive)
+    if recs and len(parsed) < min_parse_rate * len(recs):
+        out["refused"] = (f"win rate withheld: only {len(parsed)} of {len(recs)} replies "
+                          f"({100 * len(parsed) / len(recs):.1f} %) parsed, below the {100 * min_parse_rate:.0f} % "
+                          "needed; use a stronger judge, or a local judge with constrained decoding")
+    if not parsed or out["refused"]:
         out.update({"win": None, "tie": None, "loss": None})
         return out
     code = {"A": 0, "tie": 1, "B": 2}
@@ -258,10 +307,8 @@ def aggregate(records: Iterable[dict[str, Any]], *, resamples: int = 10_000, see
         out[name] = float(point[j])
         out[f"{name}_ci95"] = [float(lo[j]), float(hi[j])]
     for side in ("a", "b"):
-        out[f"axes_{side}"] = {ax: float(np.mean([r[f"scores_{side}"][ax] for r in parsed])) for ax in AXES}
-    decisive = [r["shown_first_won"] for r in parsed if r.get("shown_first_won") is not None]
-    out["shown_a_rate"] = float(np.mean(decisive)) if decisive else None
-    out["n_decisive"] = len(decisive)
+        vals = {ax: [r[f"scores_{side}"][ax] for r in parsed if ax in (r.get(f"scores_{side}") or {})] for ax in AXES}
+        out[f"axes_{side}"] = {ax: float(np.mean(v)) if v else None for ax, v in vals.items()}
     both = [v for v in by_id.values() if len(v) == 2]
     if both:
         out["order_consistency"] = float(np.mean([v[0] == v[1] for v in both]))
@@ -277,14 +324,25 @@ def render_summary(summary: dict[str, Any], *, name_a: str, name_b: str) -> str:
         return f"{summary[key]:.1f} [{lo:.1f}, {hi:.1f}]"
 
     shown = "–" if summary.get("shown_a_rate") is None else f"{summary['shown_a_rate']:.2f}"
+    rate = summary.get("parse_rate")
+    parsed = "–" if rate is None else f"{100 * rate:.1f} % ({summary['n_parsed']}/{summary['n_judgments']})"
     lines = [f"# Judge: {name_a} (A) vs {name_b} (B)", "",
              f"{summary['n_parsed']} parsed of {summary['n_judgments']} judgments "
-             f"({summary['n_unparsed']} unparsed, {summary['n_errors']} back-end errors).", "",
-             "| A wins % [95 % CI] | tie % | B wins % | shown-A rate |", "|---|---|---|---|",
-             f"| {pct('win')} | {pct('tie')} | {pct('loss')} | {shown} |"]
-    if summary.get("axes_a"):
+             f"({summary['n_unparsed']} unparsed, {summary['n_errors']} back-end errors).", ""]
+    if summary.get("refused"):
+        lines += [f"**{summary['refused']}**", ""]
+    lines += ["| A wins % [95 % CI] | tie % | B wins % | parsed | shown-A rate (position bias; 0.50 = none) |",
+              "|---|---|---|---|---|", f"| {pct('win')} | {pct('tie')} | {pct('loss')} | {parsed} | {shown} "
+              f"(n = {summary.get('n_decisive', 0)}) |"]
+    if summary.get("order_consistency") is not None:
+        lines += ["", f"Same verdict in both presentation orders: {100 * summary['order_consistency']:.1f} % of samples."]
+
+    def mean(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f}"
+
+    if summary.get("axes_a") and not summary.get("refused"):
         lines += ["", "| axis | A mean | B mean |", "|---|---|---|"]
-        lines += [f"| {ax} | {summary['axes_a'][ax]:.2f} | {summary['axes_b'][ax]:.2f} |" for ax in AXES]
+        lines += [f"| {ax} | {mean(summary['axes_a'][ax])} | {mean(summary['axes_b'][ax])} |" for ax in AXES]
     return "\n".join(lines) + "\n"
 
 

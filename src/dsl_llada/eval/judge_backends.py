@@ -112,33 +112,53 @@ def smollm2_gguf() -> tuple[Path, str]:
     return folder, files[0].name
 
 
+# the reply a constrained local judge writes: fixed JSON text around score and verdict slots
+_AXES = ("factuality", "coverage", "fluency", "conciseness")
+SCORE_OPTIONS = ("1", "2", "3", "4", "5")
+VERDICT_OPTIONS = ("A", "B", "tie")
+
+
+def reply_plan() -> list[tuple[str, Any]]:
+    """The constrained reply as ("text", fixed text) and ("choice", options) segments, in order."""
+    plan: list[tuple[str, Any]] = [("text", "{")]
+    for side in ("a", "b"):
+        plan.append(("text", f'"{side}": {{'))
+        for i, ax in enumerate(_AXES):
+            plan += [("text", f'"{ax}": '), ("choice", SCORE_OPTIONS), ("text", ", " if i < len(_AXES) - 1 else "}, ")]
+    plan += [("text", '"overall": "'), ("choice", VERDICT_OPTIONS), ("text", '", "rationale": ""}')]
+    return plan
+
+
 class LocalChatBackend:
-    """A local Hugging Face chat model folder (greedy decoding, chat template from its tokenizer)."""
+    """A local Hugging Face chat model folder (chat template from its tokenizer), loaded once per process.
+
+    ``constrained=True`` (default): the reply is not free text. The model reads the prompt and then the fixed
+    JSON of the required format; at each score slot it picks the most probable of the tokens "1".."5", at the
+    verdict slot the most probable of "A", "B", "tie" (each option's first token decides; ties go to the first
+    option). So every reply parses, and the verdict is the model's own preference among the allowed answers.
+    ``constrained=False``: greedy free generation of up to ``max_new_tokens`` (what a remote judge does).
+    """
 
     concurrency = 1
 
     def __init__(self, folder: str | Path, *, gguf_file: str | None = None, max_new_tokens: int = 400,
-                 device: str = "cpu"):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+                 device: str = "cpu", constrained: bool = True):
         folder = Path(folder)
         if not folder.is_dir():
             raise ValueError(f"judge model folder {str(folder)!r} does not exist")
-        kw: dict[str, Any] = {"local_files_only": True}
-        if gguf_file:
-            kw["gguf_file"] = gguf_file
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{folder}: no tokenizer could be loaded ({e})") from None
+        if gguf_file and not (folder / gguf_file).is_file():
+            raise ValueError(f"judge model: {gguf_file!r} is not a file in {folder}")
+        from .scorers.shared import shared
+
+        key = (str(folder.resolve()), gguf_file, "torch.float32")
+        self.model, self.tokenizer = shared("causal-lm", key, lambda: _load_chat_lm(folder, gguf_file))
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{folder}: its tokenizer has no chat template, so it is not a chat model; "
                              "give an instruction-tuned model folder")
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(str(folder), **kw).to(device).eval()
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{folder}: not a causal LM that transformers can load ({e})") from None
+        self.model = self.model.to(device).eval()
         self.folder, self.gguf_file, self.max_new_tokens, self.device = folder, gguf_file, max_new_tokens, device
+        self.constrained = bool(constrained)
+        self._plan = None
 
     @classmethod
     def smollm2(cls, **kw) -> "LocalChatBackend":
@@ -147,7 +167,23 @@ class LocalChatBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "local", "folder": str(self.folder), "gguf_file": self.gguf_file,
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "constrained": self.constrained}
+
+    def _encoded_plan(self) -> list[tuple[str, Any]]:
+        if self._plan is None:
+            enc = self.tokenizer
+            plan = []
+            for kind, val in reply_plan():
+                if kind == "text":
+                    plan.append((kind, val, enc.encode(val, add_special_tokens=False)))
+                else:
+                    opts = [(o, enc.encode(o, add_special_tokens=False)) for o in val]
+                    firsts = [ids[0] for _, ids in opts]
+                    if len(set(firsts)) != len(firsts):
+                        raise ValueError(f"judge tokenizer: the options {list(val)} do not start with distinct tokens")
+                    plan.append((kind, opts, firsts))
+            self._plan = plan
+        return self._plan
 
     def __call__(self, messages: list[dict[str, str]]) -> str:
         import torch
@@ -155,6 +191,55 @@ class LocalChatBackend:
         enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                  return_dict=True).to(self.device)
         with torch.no_grad():
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
-        return self.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            if not self.constrained:
+                out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                          pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+                return self.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            return self._constrained_reply(enc["input_ids"])
+
+    def _cache_arg(self) -> str:
+        """The forward's KV-cache argument name (transformers >= 5.2x: `cache`; before: `past_key_values`)."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
+    def _constrained_reply(self, prompt_ids) -> str:
+        import torch
+
+        past, pending, text = None, [int(x) for x in prompt_ids[0].tolist()], []
+        for kind, val, extra in self._encoded_plan():
+            if kind == "text":
+                pending += extra
+                text.append(val)
+                continue
+            kw = {} if past is None else {self._cache_arg(): past}
+            out = self.model(input_ids=torch.tensor([pending], device=self.device), use_cache=True, **kw)
+            past = out.get("cache", None) or out.get("past_key_values", None)
+            logits = out.logits[0, -1].float()
+            scores = [float(logits[t]) for t in extra]
+            best = scores.index(max(scores))
+            label, ids = val[best]
+            text.append(label)
+            pending = list(ids)
+        return "".join(text)
+
+
+def _load_chat_lm(folder: Path, gguf_file: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw: dict[str, Any] = {"local_files_only": True}
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{folder}: no tokenizer could be loaded ({e})") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{folder}: its tokenizer has no chat template, so it is not a chat model; "
+                         "give an instruction-tuned model folder")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kw).eval()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{folder}: not a causal LM that transformers can load ({e})") from None
+    return model, tokenizer

@@ -131,7 +131,8 @@ def run_judge(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: 
 
     def judge_one(pair: Pair) -> dict[str, Any]:
         try:
-            reply = backend(build_messages(pair, include_source=config.include_source))
+            reply = backend(build_messages(pair, include_source=config.include_source,
+                                           system_prompt=config.system_prompt, user_template=config.user_template))
         except JudgeBackendError as e:
             return judgment_record(pair, None, mode=config.parse_mode, error=str(e))
         return judgment_record(pair, reply, mode=config.parse_mode)
@@ -157,7 +158,8 @@ def run_judge(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: 
                     if on_judgment:
                         on_judgment(rec)
     records = [done[p.key] for p in pairs if p.key in done]
-    summary = aggregate(records, resamples=config.bootstrap_resamples, seed=config.bootstrap_seed)
+    summary = aggregate(records, resamples=config.bootstrap_resamples, seed=config.bootstrap_seed,
+                        min_parse_rate=config.min_parse_rate)
     summary.update({"run_a": run_a.name, "run_b": run_b.name, **(filters or {})})
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
     atomic_write_text(out / "summary.md", render_summary(summary, name_a=run_a.name, name_b=run_b.name))

@@ -12,16 +12,15 @@ Under `accelerate launch` each process takes its share of the requests (lm-eval 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from ..config import RemaskConfig, SDEConfig
-from ..generation import SamplerChoice, run_sampler
+from ..generation import run_sampler
 from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
 from ..sampling.common import PromptBatch
+from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
 
 log = logging.getLogger(__name__)
@@ -33,37 +32,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-evaluation-harness adapter needs `pip install 'dsl-llada[lmeval]'` (lm-eval)") from e
 
 
-def _coerce(value: Any, kind: Any) -> Any:
-    """A string from `--model_args` as the dataclass field's type."""
-    if not isinstance(value, str):
-        return value
-    text = str(kind)
-    if value.lower() in ("none", "null") and "None" in text:
-        return None
-    if "bool" in text:
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expected true/false, got {value!r}")
-        return value.lower() in ("true", "1")
-    if "int" in text and "float" not in text:
-        return int(value)
-    if "float" in text:
-        return float(value)
-    return value
-
-
-def sampler_choice(sampler: str, **fields: Any) -> SamplerChoice:
-    """A typed sampler config from loose key/value settings (unknown keys are an error naming the valid ones)."""
-    cls = SDEConfig if sampler in ("sde", "block-sde") else RemaskConfig
-    known = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid: {sorted(known)}")
-    kw = {k: _coerce(v, known[k]) for k, v in fields.items()}
-    if sampler == "remdm":
-        kw["remdm"] = True
-    if sampler == "block-sde" and not kw.get("block_length"):
-        raise ValueError("sampler 'block-sde' needs block_length > 0")
-    return SamplerChoice(cls(**kw))
+def sampler_settings(sampler: str, **fields: Any) -> SamplerConfig:
+    """The sampler config from `--model_args`'s loose key=value settings (text values parsed as the fields' types),
+    through the registry's parser: an unknown key is an error naming the valid ones."""
+    return sampler_config(sampler, fields, text=True)
 
 
 @register_model("dsl-llada")
@@ -78,7 +50,7 @@ class DSLLadaLM(LM):
         dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
         self.model = load_model(model_dir, dtype=parse_dtype(dtype), device=device)
         self.tok = load_tokenizer(tokenizer or model_dir)
-        self.choice = sampler_choice(sampler, **sampler_fields)
+        self.config = sampler_settings(sampler, **sampler_fields)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
         self.mc_samples, self.mc_batch_size, self.seed = int(mc_samples), int(mc_batch_size), int(seed)
         self.chat_template = chat_template if isinstance(chat_template, bool) else chat_template.lower() == "true"
@@ -185,7 +157,7 @@ class DSLLadaLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         special = self.model.special
-        gen_length = self.choice.config.gen_length
+        gen_length = self.config.gen_length
         out: list[str] = []
         for start in range(0, len(requests), self.batch_size):
             chunk = requests[start:start + self.batch_size]
@@ -198,7 +170,7 @@ class DSLLadaLM(LM):
                 prompts.append(ids)
             batch = PromptBatch.from_lists(prompts, pad_id=special.pad_id, device=self._device)
             gens = [torch.Generator().manual_seed(self.seed + start + j) for j in range(len(chunk))]
-            result = run_sampler(self.model, batch, self.choice, generator=gens)
+            result = run_sampler(self.model, batch, self.config, generator=gens)
             for r, ids in zip(chunk, result.responses()):
                 kw = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
                 max_toks = kw.get("max_gen_toks")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 
 def add_lmeval_parser(sub) -> argparse.ArgumentParser:
+    from ..sampling.registry import SAMPLERS, sampler_help
+
     p = sub.add_parser("lm-eval", help="run lm-evaluation-harness tasks through this project's samplers",
                        description="Runs lm-eval's simple_evaluate with the 'dsl-llada' model. Multi-GPU: "
                                    "accelerate launch -m dsl_llada lm-eval …")
@@ -17,8 +19,8 @@ def add_lmeval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--include-path", default=None, help="folder of local task YAML files")
     p.add_argument("--limit", type=float, default=None, help="examples per task (int) or fraction")
     p.add_argument("--num-fewshot", type=int, default=None)
-    p.add_argument("--sampler", default="sde", choices=["sde", "block-sde", "remask", "remdm"],
-                   help="sampler for generate_until (default sde)")
+    p.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
+                   help=f"sampler for generate_until: {sampler_help()} (default {SAMPLERS[0]})")
     p.add_argument("--sampler-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a sampler config field, e.g. nfe=64 gen_length=256 block_length=32 (repeatable)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per sampler call (default 8)")

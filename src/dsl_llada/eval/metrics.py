@@ -268,7 +268,9 @@ def summary_failure_tags(text: str, mode: str = "default", *, reference: str | N
     """
     _check_mode(mode)
     if mode == "authors":
-        return failure_tags(text, reference, paper_thresholds=False)
+        # their tail is the last 40 characters of text.strip() (ours: of text.rstrip(); the counts agree, since
+        # leading whitespace holds no '.' or ',')
+        return failure_tags(text.strip(), reference, paper_thresholds=False)
     tags = failure_tags(text, reference, paper_thresholds=True)
     if tags.repetition:
         c_max = Counter(_ngrams(text.split(), 4)).most_common(1)[0][1]
@@ -298,14 +300,16 @@ def _rouge_scorer() -> Any:
     return _ROUGE_SCORER
 
 
-def _rouge_pair(reference: str, generated: str) -> dict[str, float]:
+def _rouge_pair(reference: str, generated: str, mode: str = "default") -> dict[str, float]:
     if not generated.strip():
         return {k: 0.0 for k in ROUGE_TYPES}
     s = _rouge_scorer().score(reference, generated)
+    if mode == "authors":  # their per-sample records: F1 x 100 rounded to 2 decimals with Python's round
+        return {k: round(float(s[k].fmeasure) * 100, 2) for k in ROUGE_TYPES}
     return {k: 100.0 * float(s[k].fmeasure) for k in ROUGE_TYPES}
 
 
-def rouge_scores(a: Any, b: Any) -> Any:
+def rouge_scores(a: Any, b: Any, *, mode: str = "default") -> Any:
     """ROUGE-1/2/L F1 x 100 (Google ``rouge_score``, Porter stemming, ``rougeL`` = sentence-level LCS, not
     ``rougeLsum``; called as ``score(target=reference, prediction=generated)``; an empty (blank) generation
     scores 0 on all three; the scorer's tokenizer keeps only lower-case [a-z0-9] tokens).
@@ -316,15 +320,18 @@ def rouge_scores(a: Any, b: Any) -> Any:
       (``preds`` = generations, ``refs`` = references);
     * ``rouge_scores(reference, generated)`` with two strings -> one dict (the original single-pair form;
       note the reversed order: reference first).
+
+    ``mode="authors"``: each score is ``round(F1 * 100, 2)`` (the authors' per-sample records).
     """
+    _check_mode(mode)
     if isinstance(a, str) and isinstance(b, str):
-        return _rouge_pair(a, b)
+        return _rouge_pair(a, b, mode)
     if isinstance(a, str) or isinstance(b, str):
         raise TypeError("rouge_scores takes two strings (reference, generated) or two sequences (preds, refs)")
     preds, refs = list(a), list(b)
     if len(preds) != len(refs):
         raise ValueError(f"preds has {len(preds)} texts but refs has {len(refs)}")
-    return [_rouge_pair(r, p) for p, r in zip(preds, refs)]
+    return [_rouge_pair(r, p, mode) for p, r in zip(preds, refs)]
 
 
 def rouge_aggregate(rows: Iterable[Mapping[str, float]], mode: str = "default") -> dict[str, float]:
@@ -360,9 +367,10 @@ def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15,
     ``confidences`` in [0, 1] and ``correct`` (bool or 0/1) may be lists, numpy
     arrays or torch tensors of equal length N >= 1.
 
-    ``mode="default"`` rejects a confidence outside [0, 1] (or NaN) with a
-    ValueError; ``mode="authors"`` reproduces their code: such a confidence
-    falls in no bin but still counts in N (so it silently lowers the ECE).
+    ``mode="default"`` rejects a confidence outside [0, 1] (or NaN) and an
+    empty set with a ValueError; ``mode="authors"`` reproduces their code: such
+    a confidence falls in no bin but still counts in N (so it silently lowers
+    the ECE), and an empty set gives 0.0 (every bin is empty).
     """
     _check_mode(mode)
     if int(n_bins) != n_bins or n_bins < 1:
@@ -371,6 +379,8 @@ def expected_calibration_error(confidences: Any, correct: Any, n_bins: int = 15,
     corr = _to_1d(correct, np.float64, "correct")
     if conf.size != corr.size:
         raise ValueError(f"confidences has {conf.size} values but correct has {corr.size}")
+    if conf.size == 0 and mode == "authors":
+        return 0.0  # their bin loop over an empty set adds nothing
     if conf.size == 0:
         raise ValueError("expected_calibration_error needs at least one sample, got none")
     if mode == "default" and not np.all((conf >= 0.0) & (conf <= 1.0)):  # also rejects NaN
@@ -402,13 +412,17 @@ class FixCleanResult:
     n_uncorrupted: int
 
 
-def fix_clean(original_ids: Any, corrupted_ids: Any, predicted_ids: Any) -> FixCleanResult:
+def fix_clean(original_ids: Any, corrupted_ids: Any, predicted_ids: Any, *, mode: str = "default") -> FixCleanResult:
     """Error-correction scores of one text (C = positions where corrupted != original).
 
     Fix = #{i in C : predicted_i == original_i} / |C|;
     Clean = #{i not in C : predicted_i == corrupted_i} / (n - |C|).
-    A ratio with a zero denominator is ``None`` (skipped by :func:`macro_average`).
+    ``default``: a ratio with a zero denominator is ``None`` (skipped by :func:`macro_average`).
+    ``authors``: a text with no corrupted position scores Fix = 0.0 and Clean = 1.0 whatever the prediction
+    (the authors' behaviour as issue 20 reports it; it then counts in the macro average); a text with every
+    position corrupted keeps Clean = ``None`` (the reference is silent on that case).
     """
+    _check_mode(mode)
     o = _to_1d(original_ids, np.int64, "original_ids")
     c = _to_1d(corrupted_ids, np.int64, "corrupted_ids")
     p = _to_1d(predicted_ids, np.int64, "predicted_ids")
@@ -418,6 +432,8 @@ def fix_clean(original_ids: Any, corrupted_ids: Any, predicted_ids: Any) -> FixC
         )
     mask = c != o
     n_c, n_u = int(mask.sum()), int((~mask).sum())
+    if mode == "authors" and n_c == 0:
+        return FixCleanResult(fix=0.0, clean=1.0, n_corrupted=0, n_uncorrupted=n_u)
     fix = float((p[mask] == o[mask]).sum()) / n_c if n_c else None
     clean = float((p[~mask] == c[~mask]).sum()) / n_u if n_u else None
     return FixCleanResult(fix=fix, clean=clean, n_corrupted=n_c, n_uncorrupted=n_u)

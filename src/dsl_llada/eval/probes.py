@@ -94,7 +94,8 @@ def _mask_positions(n: int, rate: float, rng: np.random.Generator) -> list[int]:
 
 def mask_calibration_records(model: Any, tokenizer: Any, texts: Sequence[str | Sequence[int]], *, mask_rate: float,
                              seed: int = 42, batch_size: int = 8, text_ids: Sequence[int] | None = None,
-                             path: str = "discrete", max_tokens: int | None = None) -> list[dict[str, Any]]:
+                             path: str = "discrete", max_tokens: int | None = None,
+                             mode: str = "default") -> list[dict[str, Any]]:
     """One record per non-empty text: masked ``positions``, ``gold``, ``pred``, ``confidence`` (max softmax
     probability) and ``correct`` per masked position, plus ``text_id``, ``mask_rate``, ``n_tokens``."""
     ids_list = [_encode(tokenizer, t, max_tokens) for t in texts]
@@ -102,7 +103,12 @@ def mask_calibration_records(model: Any, tokenizer: Any, texts: Sequence[str | S
     if len(tids) != len(ids_list):
         raise ValueError(f"text_ids has {len(tids)} entries but texts has {len(ids_list)}")
     keep = [(tid, ids) for tid, ids in zip(tids, ids_list) if ids]
-    items = [(ids, _mask_positions(len(ids), mask_rate, np.random.default_rng(seed + tid))) for tid, ids in keep]
+    if mode == "authors":  # RandomState(seed + id).choice(n, max(1, int(n * r))) (official-impl §5.3)
+        from .authors import mask_positions
+
+        items = [(ids, sorted(mask_positions(len(ids), mask_rate, seed + tid))) for tid, ids in keep]
+    else:
+        items = [(ids, _mask_positions(len(ids), mask_rate, np.random.default_rng(seed + tid))) for tid, ids in keep]
     recs = []
     for (tid, ids), (_, pos), p in zip(keep, items, _batches(model, items, batch_size, path)):
         conf, pred = p.max(-1)

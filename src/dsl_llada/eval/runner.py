@@ -141,6 +141,32 @@ def _encode(tok, text: str, chat: bool) -> list[int]:
 # --------------------------------------------------------------------------- run folder
 
 
+def check_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, new_run: bool = False) -> None:
+    """The output folder's state, checked without writing anything: refuse a path that is a file, a folder
+    holding something else, or a run with another config (unless --overwrite / --new-run), or a parent that
+    cannot be written."""
+    run_dir = Path(run_dir)
+    marker = run_dir / R.MARKER
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"output path {str(run_dir)!r} exists and is not a folder")
+    if marker.exists():
+        try:
+            old = json.loads(marker.read_text())["config"]
+        except (json.JSONDecodeError, KeyError):
+            old = None
+        diff = config_diff(old, cfg.to_dict()) if old is not None else ["(unreadable eval_run.json)"]
+        if diff and not (new_run or overwrite):
+            raise ConfigError(f"{run_dir} holds an evaluation run with a different config (differing: "
+                              f"{', '.join(diff[:12])}{' ...' if len(diff) > 12 else ''}); run the same config to "
+                              f"resume, pass --new-run to move the old records aside and start over, or use another --out")
+    elif run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        raise ValueError(f"output folder {str(run_dir)!r} is not empty and holds no dsl-llada evaluation run; "
+                         f"choose another --out, or pass --overwrite to write into it")
+    parent = next((q for q in [run_dir, *run_dir.parents] if q.exists()), None)
+    if parent is None or not os.access(parent, os.W_OK):
+        raise ValueError(f"cannot create the output folder {str(run_dir)!r}: {str(parent)!r} is not writable")
+
+
 def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, new_run: bool = False) -> None:
     """Refuse a folder holding something else or a run with another config; write the marker. Rank 0 only."""
     run_dir = Path(run_dir)
@@ -196,8 +222,16 @@ class RunResult:
     run_dir: Path
     n_items: int
     n_run: int
+    """Items run by this command, over every rank."""
     n_errors: int
+    """Of those, items that errored, over every rank."""
     world_size: int
+    error_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per task over the whole run folder: {n, errors, rate, most_common, most_common_count}."""
+
+    def failed_tasks(self, max_error_rate: float) -> list[str]:
+        """Tasks whose share of errored items exceeds `max_error_rate` (a fraction)."""
+        return [t for t, st in self.error_stats.items() if st["rate"] > max_error_rate]
 
 
 def _state():
@@ -213,14 +247,22 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
     """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`."""
     from . import models as M
 
+    from . import preflight as P
+
     run_dir = Path(run_dir)
+    P.check_device(cfg.device)
     state = _state()
     rank, world = state.process_index, state.num_processes
+    P.check_world(world, P.requested_processes())
     device = _device(cfg, state)
-    # validate data and settings on every rank before touching the folder (all ranks fail alike)
+    # every check on every rank before touching the folder (all ranks fail alike); nothing is written until here
+    P.check_task_options(cfg)
     tokenizers = {m.name: M.load_tokenizer_for(m) for m in cfg.models
                   if any(meth.model == m.name for t in cfg.tasks for meth in cfg.task_methods(t))}
+    facts = P.check_models(cfg, tokenizers)
     plan = build_plan(cfg, tokenizers)
+    P.check_plan(cfg, plan, facts)
+    check_run_dir(run_dir, cfg, overwrite=overwrite, new_run=new_run)
     err: Exception | None = None
     if state.is_main_process:
         try:
@@ -258,7 +300,16 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
 
             write_report(run_dir)
     state.wait_for_everyone()
-    return RunResult(run_dir, len(plan.order), n_run, n_err, world)
+    if world > 1:  # the counts of every rank, not rank 0's
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([n_run, n_err], dtype=torch.long, device=device if device.startswith("cuda") else "cpu")
+        dist.all_reduce(t)
+        n_run, n_err = (int(x) for x in t.tolist())
+    from .summary import error_stats
+
+    return RunResult(run_dir, len(plan.order), n_run, n_err, world, error_stats(R.read_records(run_dir)))
 
 
 def _device(cfg: EvalConfig, state) -> str:

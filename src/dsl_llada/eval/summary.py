@@ -5,6 +5,7 @@ package version."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,23 @@ def load_run(run_dir: str | Path) -> tuple[EvalConfig, dict[str, Any], list[dict
     return EvalConfig.from_dict(meta["config"]), meta, R.read_records(run_dir)
 
 
+def error_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task: items, errored items, their share, and the most common error message (first 160 characters)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        st = out.setdefault(r["task"], {"n": 0, "errors": 0, "_msgs": Counter()})
+        st["n"] += 1
+        if r.get("error"):
+            st["errors"] += 1
+            st["_msgs"][str(r["error"])[:160]] += 1
+    for st in out.values():
+        msgs = st.pop("_msgs")
+        st["rate"] = st["errors"] / st["n"] if st["n"] else 0.0
+        top = msgs.most_common(1)
+        st["most_common"], st["most_common_count"] = (top[0] if top else (None, 0))
+    return out
+
+
 def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, Any]:
     """Summarise every task of the run; returns the summary dict (also written to summary.json)."""
     run_dir = Path(run_dir)
@@ -32,18 +50,26 @@ def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, A
     mode = mode or cfg.scoring_mode
     figures_dir = run_dir / "figures"
     figures_dir.mkdir(exist_ok=True)
+    stats = error_stats(records)
     summary: dict[str, Any] = {"version": __version__, "run_version": meta.get("version"), "scoring_mode": mode,
                                "config": cfg.to_dict(), "n_records": len(records),
-                               "n_errors": sum(r.get("error") is not None for r in records), "tasks": {}}
+                               "n_errors": sum(r.get("error") is not None for r in records), "errors_by_task": stats,
+                               "tasks": {}}
     md = [f"# Evaluation report: {run_dir.name}", "",
           f"dsl-llada {__version__} (run written by {meta.get('version')}); scoring mode `{mode}`; "
-          f"{len(records)} records, {summary['n_errors']} with errors.", ""]
+          f"{len(records)} records, {summary['n_errors']} with errors.", "",
+          "| task | items | errored | errored % | most common error |", "|---|---|---|---|---|"]
+    for t, st in stats.items():
+        common = "–" if not st["errors"] else f"{st['most_common'].replace('|', '/')} (×{st['most_common_count']})"
+        md.append(f"| {t} | {st['n']} | {st['errors']} | {100 * st['rate']:.1f} | {common} |")
+    md.append("")
     for tspec in cfg.tasks:
         recs = [r for r in records if r["task"] == tspec.name]
         if not recs:
             continue
         res = get_task(tspec.name).summarize(recs, SummaryContext(cfg, tspec, run_dir, mode, figures_dir))
-        summary["tasks"][tspec.name] = {"rows": res.rows, "figures": res.figures, **res.extra}
+        summary["tasks"][tspec.name] = {"rows": res.rows, "figures": res.figures, "n_items": stats[tspec.name]["n"],
+                                        "n_errors": stats[tspec.name]["errors"], **res.extra}
         md += [f"## {tspec.name}", "", res.markdown, ""]
         md += [f"![{f}]({f})" for f in res.figures] + [""]
     errors = [r for r in records if r.get("error")]

@@ -58,17 +58,18 @@ class RowRNG:
     """
 
     def __init__(self, generator: torch.Generator | Sequence[torch.Generator] | None, batch: int):
-        if isinstance(generator, (list, tuple)):
+        self.rows: list[torch.Generator] | None = None
+        self.gen: torch.Generator | None = None
+        if generator is None or isinstance(generator, torch.Generator):
+            self.gen = generator
+        else:
             if len(generator) != batch:
                 raise ValueError(f"got {len(generator)} generators for a batch of {batch}; pass one per row or a single one")
-            self.rows: list[torch.Generator] | None = list(generator)
-            self.gen = None
-        else:
-            self.rows = None
-            self.gen = generator
+            self.rows = list(generator)
         self.batch = batch
 
-    def _draw(self, fn: Callable[..., torch.Tensor], shape: tuple[int, ...], device, dtype) -> torch.Tensor:
+    def _draw(self, fn: Callable[..., torch.Tensor], shape: tuple[int, ...], device: torch.device | str | None,
+              dtype: torch.dtype) -> torch.Tensor:
         # Draw on each generator's own device (a CPU generator with a CUDA model is the common case), then move:
         # the numbers depend only on the generator, not on where the model runs.
         if self.rows is None:
@@ -76,10 +77,12 @@ class RowRNG:
             return fn(shape, generator=self.gen, device=gdev, dtype=dtype).to(device)
         return torch.stack([fn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in self.rows]).to(device)
 
-    def randn(self, shape: tuple[int, ...], device=None, dtype=torch.float32) -> torch.Tensor:
+    def randn(self, shape: tuple[int, ...], device: torch.device | str | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._draw(torch.randn, shape, device, dtype)
 
-    def rand(self, shape: tuple[int, ...], device=None, dtype=torch.float32) -> torch.Tensor:
+    def rand(self, shape: tuple[int, ...], device: torch.device | str | None = None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._draw(torch.rand, shape, device, dtype)
 
 
@@ -150,7 +153,8 @@ class SampleOutput:
     lengths: torch.Tensor
     """(B,) response length after truncation at the first EOS/EoT (L when truncation is off or none occurs)."""
     nfe: int
-    """Model evaluations as the paper counts them (SDE: 2S solver evaluations; discrete: steps)."""
+    """NFE of the whole response: the denoising steps' model evaluations, without the SDE's final decode (SDE:
+    2S per window, so (L/B)·2S for Block SDE; discrete: steps). docs/samplers.md, "Accounting"."""
     forward_passes: int
     """Backbone forward passes actually executed (SDE: 2S + 1; CFG doubles the discrete count)."""
     trajectory: list[torch.Tensor] | None = None
@@ -170,7 +174,7 @@ class ForwardCounter:
         self.fn = fn
         self.count = 0
 
-    def __call__(self, *args, **kwargs) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self.count += 1
         return self.fn(*args, **kwargs)
 

@@ -28,6 +28,11 @@ class Denoiser:
     """ê(y, γ) for the response window that follows `context`; calling it returns (ê, logits).
 
     y: (B, W, d) normalised noisy states of the W window positions; γ: the SNR of this evaluation.
+
+    The fields are never reassigned (`frozen`), but three of them are run state that every call changes and that
+    the `with_context` copies share: `forward` counts the passes, `cache` moves to the window being denoised, and
+    `workspace` holds reused scratch buffers. So one Denoiser belongs to one sampler run (and one thread); build a
+    new one per run with `for_model`.
     """
 
     model: DSLModel

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..backbones.base import Positions
+from ..backbones.base import Backbone, KVCache, Positions
 from ..config import check_cache_options
 from ..errors import ConfigError
 
@@ -31,7 +31,7 @@ class WindowKVCache:
     call recomputes. `full_forwards` / `window_forwards` count the two kinds of calls.
     """
 
-    def __init__(self, backbone: torch.nn.Module, mode: str, refresh: int, *,
+    def __init__(self, backbone: Backbone, mode: str, refresh: int, *,
                  embed: Callable[[torch.Tensor], torch.Tensor] | None = None):
         check_cache_options(mode, refresh)
         if mode == "off":
@@ -42,7 +42,7 @@ class WindowKVCache:
                               f"the {family!r} backbone has none: use kv_cache='off'")
         self.backbone, self.mode, self.refresh, self.embed = backbone, mode, refresh, embed
         self.lo = self.hi = 0
-        self._cache = None
+        self._cache: KVCache | None = None
         self._calls = 0
         self.full_forwards = 0
         self.window_forwards = 0

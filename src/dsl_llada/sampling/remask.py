@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from ..backbones.base import with_positions
+from ..backbones.base import Backbone, with_positions
 from ..config import RemaskConfig
+from ..errors import ConfigError
 from ..numerics import denormals_flushed_during
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
@@ -63,7 +64,8 @@ def _context_limit(model: DiscreteModel) -> int | None:
     """max_length of a DSLModel's backbone, or of the model itself (a Backbone); None when unknown."""
     for obj in (getattr(model, "backbone", None), model):
         if obj is not None and hasattr(obj, "max_length"):
-            return obj.max_length
+            limit: int | None = obj.max_length
+            return limit
     return None
 
 
@@ -72,6 +74,9 @@ def _window_cache(model: DiscreteModel, config: RemaskConfig) -> WindowKVCache |
     if config.kv_cache == "off":
         return None
     backbone = getattr(model, "backbone", model)
+    if not isinstance(backbone, Backbone):
+        raise ConfigError(f"kv_cache={config.kv_cache!r} needs a model with a backbone (a DSL checkpoint or a "
+                          f"Backbone); got {type(model).__name__}: use kv_cache='off'")
     return WindowKVCache(backbone, config.kv_cache, config.cache_refresh, embed=getattr(backbone, "embed", None))
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backbones.base import SpecialTokens
 from ..config import RemaskConfig
 from .common import RowRNG
 from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sigma_max
@@ -45,7 +46,7 @@ def block_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long, device=masked.device)
 
 
-def banned_ids(config: RemaskConfig, special, block_step: int, n_suppress: int) -> list[int]:
+def banned_ids(config: RemaskConfig, special: SpecialTokens, block_step: int, n_suppress: int) -> list[int]:
     """Token ids whose logits are -inf at this block step: EOS (and EoT) with `eos_inf`, every stop id during the
     first `n_suppress` steps of a block (`eos_suppress_ratio`)."""
     banned: list[int] = []

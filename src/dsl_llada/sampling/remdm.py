@@ -15,6 +15,8 @@ the token committed at j (`remdm_confidence='committed'`, default) or of the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 WINDOW_TOL = 1e-12
@@ -49,7 +51,7 @@ def remask_probabilities(conf: torch.Tensor, committed: torch.Tensor, sigma: flo
     return probs.masked_fill(~committed, 0.0)
 
 
-def remask_confidence(probs, block_tokens: torch.Tensor, proposal: torch.Tensor,
+def remask_confidence(probs: torch.Tensor | Callable[[torch.Tensor], torch.Tensor], block_tokens: torch.Tensor, proposal: torch.Tensor,
                       masked: torch.Tensor, mode: str) -> torch.Tensor:
     """conf_j for the uncertainty u_j = 1 - conf_j.
 
@@ -60,6 +62,6 @@ def remask_confidence(probs, block_tokens: torch.Tensor, proposal: torch.Tensor,
         idx = proposal
     else:
         idx = torch.where(masked, proposal, block_tokens)
-    if callable(probs):  # a prob_at(idx) function (the sampler avoids materialising the full softmax)
-        return probs(idx)
-    return probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    if isinstance(probs, torch.Tensor):
+        return probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    return probs(idx)  # a prob_at(idx) function (the sampler avoids materialising the full softmax)

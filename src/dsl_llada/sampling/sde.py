@@ -63,7 +63,9 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
     return y
 
 
-def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig, generator):
+def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig,
+             generator: torch.Generator | Sequence[torch.Generator] | None
+             ) -> tuple[PromptBatch, RowRNG, torch.Tensor, Denoiser]:
     """Shared set-up of the SDE samplers: device, context check, RNG, schedule, and the denoiser (noise table,
     beta_inf, top-M, attention mask, forward counter) around the clean prompt context."""
     backbone = model.backbone
@@ -84,7 +86,7 @@ def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def _unit_init(rng: RowRNG, shape: tuple[int, ...], device) -> torch.Tensor:
+def _unit_init(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return F.normalize(rng.randn(shape, device=device), dim=-1)
 
 

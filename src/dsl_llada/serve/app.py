@@ -27,6 +27,7 @@ from .middleware import Gate, _error
 from .runner import JobResult
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, error_body, validation_error_param
 from .service import Service
+from .settings import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,13 @@ def dumps(body: Any) -> str:
     return json.dumps(body, ensure_ascii=False, allow_nan=False)
 
 
-def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = 8, max_wait_ms: float = 0.0,
-               max_queue: int = 256, api_key: str | None = None, pad_batches: bool = False,
+def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = ServerConfig.max_batch,
+               max_wait_ms: float = ServerConfig.max_wait_ms, max_queue: int = ServerConfig.max_queue,
+               api_key: str | None = None, pad_batches: bool = ServerConfig.pad_batches,
                limits: Limits | None = None, allowed_hosts: set[str] | None = None, bind_host: str = "127.0.0.1",
                shutdown_grace_s: float | None = 30.0, environment: dict[str, Any] | None = None) -> FastAPI:
-    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer.
+    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer; the batching
+    settings' defaults are ServerConfig's.
 
     `limits`: request bounds (default: derived from the model, `Limits.for_model`); `allowed_hosts`: Host header
     names accepted (None = no check; the CLI always passes `middleware.allowed_hosts(...)`); `shutdown_grace_s`:

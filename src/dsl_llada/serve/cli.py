@@ -57,19 +57,13 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) ->
 
 def add_serve_parser(sub) -> None:
     """Register `serve` and `ui` on the `dsl-llada` subparsers."""
+    from ..cli_config import add_config_args
+    from .settings import ServerConfig
+
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with dynamic batching and streamed denoising")
     _add_model_args(s, required=True, port=SERVE_PORT)
     s.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
-    s.add_argument("--max-batch", type=_positive(int), default=8, help="most requests in one sampler call (default 8)")
-    s.add_argument("--max-wait-ms", type=_positive(float), default=0.0,
-                   help="longest a request waits for others to batch with (default 0: a lone request starts at "
-                        "once; requests arriving while a batch runs form the next batch)")
-    s.add_argument("--max-queue", type=_positive(int), default=256,
-                   help="most requests waiting; more get HTTP 429 (default 256)")
-    s.add_argument("--pad-batches", action="store_true",
-                   help="also batch prompts of different lengths (left padding + attention mask): more batching, "
-                        "but the masked attention rounds differently (default: only equal-length prompts share a "
-                        "batch, the closest to each request run alone)")
+    add_config_args(s.add_argument_group("batching"), (ServerConfig, "server"))
     key = s.add_mutually_exclusive_group()
     key.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (checked in constant time)")
     key.add_argument("--api-key-file", default=None, help="read the API key from this file (keeps it out of `ps`)")
@@ -133,8 +127,11 @@ def _run_uvicorn(app, host: str, port: int, grace_s: float | None = None, on_exi
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from ..cli_config import config_from_args
     from .app import create_app
+    from .settings import ServerConfig
 
+    settings = config_from_args(ServerConfig, a)
     api_key = a.api_key
     if a.api_key_file:
         api_key = Path(a.api_key_file).read_text().strip()
@@ -153,18 +150,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
     limits = Limits.for_model(context_limit(model), parameter_count(model), max_nfe=a.max_nfe, max_steps=a.max_steps,
                               max_tokens=a.max_tokens, max_prompt_tokens=a.max_prompt_tokens,
                               max_body_bytes=a.max_body_bytes, request_timeout_s=a.request_timeout_s)
-    app = create_app(model, tok, model_name=a.served_model_name or path.name, max_batch=a.max_batch,
-                     max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, api_key=api_key, pad_batches=a.pad_batches,
-                     limits=limits, allowed_hosts=allowed_hosts(a.host, a.allowed_host), bind_host=a.host,
-                     shutdown_grace_s=a.shutdown_grace_s)
+    app = create_app(model, tok, model_name=a.served_model_name or path.name, api_key=api_key, limits=limits,
+                     allowed_hosts=allowed_hosts(a.host, a.allowed_host), bind_host=a.host,
+                     shutdown_grace_s=a.shutdown_grace_s, **settings.to_dict())
     batcher, begin_shutdown = app.state.service.batcher, app.state.begin_shutdown
     if a.ui:
         from .ui import mount_ui
 
         app = mount_ui(app, model, tok, path="/ui")
     print(f"serving {path} as {a.served_model_name or path.name!r} on http://{a.host}:{a.port} "
-          f"(max_batch={a.max_batch}, max_wait_ms={a.max_wait_ms:g}, max_queue={a.max_queue}; limits: "
-          f"{limits.describe()})", flush=True)
+          f"(max_batch={settings.max_batch}, max_wait_ms={settings.max_wait_ms:g}, max_queue={settings.max_queue}; "
+          f"limits: {limits.describe()})", flush=True)
     _run_uvicorn(app, a.host, a.port, a.shutdown_grace_s, on_exit=begin_shutdown)
     if batcher.abandoned:  # a sampler thread that never returned would block interpreter exit
         import os

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config import RemaskConfig, SDEConfig
-from .schemas import SDE_SAMPLERS, RequestError
+from ..sampling.registry import get_spec
+from .schemas import RequestError
 
 CPU_FLOPS = 2e10
 """Sustained matmul throughput assumed for the default limits (a few-core CPU; 20 GFLOP/s)."""
@@ -122,7 +123,7 @@ def non_finite_path(value: Any, path: str = "") -> str | None:
 
 def check_sampling_limits(name: str, config: SDEConfig | RemaskConfig, limits: Limits, *, param_steps: str) -> None:
     """The built sampler config against the step and length limits (before the request is queued)."""
-    if name in SDE_SAMPLERS:
+    if isinstance(config, SDEConfig):
         nfe = config.nfe * (config.gen_length // config.block_length if config.block_length else 1)
         if nfe > limits.max_nfe:
             raise _too_large("nfe", nfe, limits.max_nfe, "--max-nfe")
@@ -157,7 +158,7 @@ def check_prompts(prompts: list[list[int]], n: int, limits: Limits, param: str) 
 def default_max_tokens(name: str, prompts: list[list[int]], context: int | None, block_length: int | None) -> int | None:
     """The response length for a request that gives none: the sampler's default, or what fits the context after
     the longest prompt when the default would not (rounded down to whole blocks). None = keep the default."""
-    default = (SDEConfig if name in SDE_SAMPLERS else RemaskConfig)().gen_length
+    default = get_spec(name).config_class().gen_length
     if context is None or not prompts:
         return None
     fit = context - max(len(p) for p in prompts)

@@ -8,18 +8,15 @@ Every value not given keeps that dataclass's default, i.e. the paper's settings.
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import typing
 from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import ConfigError, RemaskConfig, SDEConfig
+from ..config import RemaskConfig, SDEConfig
+from ..sampling.registry import SAMPLERS, SamplerSettingError, get_spec, sampler_config
 
-SAMPLER_NAMES = ("sde", "block-sde", "remask", "remdm")
-SDE_SAMPLERS = ("sde", "block-sde")
 # request fields handled explicitly (not passed through as config fields)
 _EXPLICIT = {"nfe", "steps", "gen_length", "block_length", "eta", "temperature", "remdm"}
 
@@ -63,7 +60,7 @@ class SamplingFields(BaseModel):
     """Accepted for client compatibility only when 1 (no nucleus truncation: what these samplers do)."""
     user: str | None = None
     # -- extension: the sampler and its main settings ------------------------------------------------------------------
-    sampler: Literal["sde", "block-sde", "remask", "remdm"] | None = None
+    sampler: Literal[SAMPLERS] | None = None  # type: ignore[valid-type]  # the registry's names
     """Default: 'sde' for a DSL checkpoint, 'remask' for a bare backbone."""
     nfe: int | None = Field(None, ge=1)
     steps: int | None = Field(None, ge=1)
@@ -92,6 +89,8 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
+    name: str | None = None
+    """OpenAI's participant name: accepted, not rendered (the chat templates have no place for it)."""
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -107,13 +106,9 @@ class ChatRequest(SamplingFields):
 
 
 # -- request -> (sampler, config) --------------------------------------------------------------------------------------
-def _config_class(name: str) -> type:
-    return SDEConfig if name in SDE_SAMPLERS else RemaskConfig
-
-
 def sampler_fields(name: str) -> list[str]:
     """Config fields a request may set for sampler `name` (besides the explicit ones)."""
-    return sorted(f.name for f in dataclasses.fields(_config_class(name)) if f.name != "remdm")
+    return get_spec(name).fields()
 
 
 def _coerce_extra(cls: type, key: str, value: Any) -> Any:
@@ -132,60 +127,48 @@ def _pick(a: int | None, b: int | None, names: tuple[str, str]) -> int | None:
 
 def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: bool,
                    max_tokens: int | None = None, has_kv_cache: bool = True) -> tuple[str, SDEConfig | RemaskConfig]:
-    """The sampler name and its validated config for a request; RequestError (400) naming the field otherwise.
-    `has_kv_cache`: whether the served backbone supports the samplers' approximate key/value caching."""
+    """The sampler name and its validated config for a request (the registry's parser builds it); RequestError (400)
+    naming the field otherwise. `has_kv_cache`: whether the served backbone supports the samplers' approximate
+    key/value caching."""
     name = req.sampler or default_sampler
-    if name in SDE_SAMPLERS and not has_converter:
+    spec = get_spec(name)
+    if spec.needs_dsl and not has_converter:
         raise RequestError(f"sampler={name!r} needs a DSL checkpoint (noise embedding + converter); this server's "
                            f"model is a bare backbone: use 'remask' or 'remdm'", "sampler")
-    cls = _config_class(name)
-    valid = set(sampler_fields(name))
+    valid = set(spec.fields())
     kwargs: dict[str, Any] = {}
     for key, value in (req.model_extra or {}).items():
         if key not in valid or key in _EXPLICIT:
             raise RequestError(f"unknown field {key!r} for sampler {name!r}; besides the OpenAI fields, valid fields are "
                                f"{sorted(valid | {'sampler', 'nfe', 'steps', 'seed'})}", key)
-        kwargs[key] = _coerce_extra(cls, key, value)
+        kwargs[key] = _coerce_extra(spec.config_class, key, value)
     gen_length = _pick(req.gen_length, max_tokens if max_tokens is not None else req.max_tokens, ("gen_length", "max_tokens"))
     if gen_length is not None:
         kwargs["gen_length"] = gen_length
-    if name in SDE_SAMPLERS:
+    if req.block_length is not None:
+        kwargs["block_length"] = req.block_length
+    if spec.steps_field == "nfe":  # the SDE samplers: two model evaluations per step
         nfe = _pick(req.nfe, None if req.steps is None else 2 * req.steps, ("nfe", "2*steps"))
         if nfe is not None:
             kwargs["nfe"] = nfe
         if req.eta is not None:
             kwargs["eta"] = req.eta
-        if name == "block-sde":
-            if not req.block_length:
-                raise RequestError("sampler 'block-sde' needs block_length > 0 (tokens per block)", "block_length")
-            kwargs["block_length"] = req.block_length
-        elif req.block_length:
-            raise RequestError(f"block_length={req.block_length} needs sampler 'block-sde' (sampler 'sde' denoises the whole "
-                               f"response at once)", "block_length")
     else:
         steps = _pick(req.steps, req.nfe, ("steps", "nfe"))
         if steps is not None:
             kwargs["steps"] = steps
-        if req.block_length is not None:
-            kwargs["block_length"] = req.block_length
         if req.temperature is not None:
             kwargs["temperature"] = req.temperature
         if req.eta is not None:
             raise RequestError(f"eta is a setting of the SDE samplers, not of {name!r}", "eta")
-        kwargs["remdm"] = name == "remdm"
     if kwargs.get("kv_cache", "off") != "off" and not has_kv_cache:
         raise RequestError(f"kv_cache={kwargs['kv_cache']!r} needs a backbone with a key/value cache (the native LLaDA "
                            f"backbone); this server's model has none: use kv_cache='off'", "kv_cache")
     try:
-        return name, cls(**kwargs)
-    except ConfigError as e:
-        m = re.search(r"\b([a-z_]+)=", str(e))
-        param = m.group(1) if m else None
-        if param == "steps" and name in SDE_SAMPLERS:
-            param = "nfe"
+        return name, sampler_config(name, kwargs)
+    except SamplerSettingError as e:
+        param = "nfe" if e.field == "steps" and spec.steps_field == "nfe" else e.field
         raise RequestError(str(e), param) from None
-    except TypeError as e:  # e.g. a comparison with a wrongly typed value
-        raise RequestError(f"invalid sampler settings: {e}") from None
 
 
 def validation_error_param(loc: tuple) -> str | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..config import RemaskConfig, SDEConfig
 from ..loading import encode_prompt
 from ..model import DSLModel
+from ..sampling.registry import REGISTRY, get_spec
 from .batcher import same_torch_threads
 from .runner import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
@@ -22,7 +23,7 @@ from .trace import Trace, render_grid, render_step, run_traced
 
 log = logging.getLogger(__name__)
 
-SAMPLER_LABELS = {"sde": "DSL-SDE (Heun)", "block-sde": "Block SDE", "remask": "LLaDA remasking", "remdm": "ReMDM-conf-loop"}
+SAMPLER_LABELS = {name: spec.label for name, spec in REGISTRY.items()}
 EXAMPLE_PROMPT = "write about the forest ."
 REFRESH_S = 0.1
 """Least time between two live updates of the page."""
@@ -44,16 +45,17 @@ def settings_to_config(model, sampler: str, nfe_or_steps, gen_length, block_leng
     has_converter = isinstance(model, DSLModel)
     fields: dict = {"sampler": sampler, "gen_length": int(gen_length) if gen_length else None}
     if nfe_or_steps:
-        fields["nfe" if sampler in ("sde", "block-sde") else "steps"] = int(nfe_or_steps)
+        fields[get_spec(sampler).steps_field] = int(nfe_or_steps)
     if block_length:
         fields["block_length"] = int(block_length)
     eta = "" if eta is None else str(eta).strip().lower()
-    if eta not in ("", "auto") and sampler in ("sde", "block-sde"):
+    is_sde = get_spec(sampler).config_class is SDEConfig
+    if eta not in ("", "auto") and is_sde:
         try:
             fields["eta"] = float(eta)
         except ValueError:
             raise RequestError(f"eta={eta!r} is not a number; give a value >= 0 or 'auto'", "eta") from None
-    if temperature and sampler in ("remask", "remdm"):
+    if temperature and not is_sde:
         fields["temperature"] = float(temperature)
     return build_sampling(SamplingFields(**fields), default_sampler="sde" if has_converter else "remask",
                           has_converter=has_converter)
@@ -88,12 +90,12 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
     import gradio as gr
 
     has_converter = isinstance(model, DSLModel)
-    samplers = list(SAMPLER_LABELS) if has_converter else ["remask", "remdm"]
+    samplers = [name for name, spec in REGISTRY.items() if has_converter or not spec.needs_dsl]
     default_a, default_b = ("sde", "remask") if has_converter else ("remask", "remdm")
     d_sde, d_rm = SDEConfig(), RemaskConfig()
     limit = context_limit(model)
     default_len = d_sde.gen_length if limit is None else min(d_sde.gen_length, max(8, limit // 4))
-    default_nfe = {"sde": d_sde.nfe, "block-sde": d_sde.nfe, "remask": d_rm.steps, "remdm": d_rm.steps}
+    default_nfe = {name: getattr(spec.config_class(), spec.steps_field) for name, spec in REGISTRY.items()}
 
     def panel(tag: str, default: str):
         with gr.Column():

@@ -24,7 +24,7 @@ import torch
 
 from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..eval.report import markdown_table
-from ..generation import SamplerChoice, sample_in_batches
+from ..generation import sample_in_batches
 from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
 from .evaluate import aggregate, score_record
@@ -137,7 +137,7 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
         model = models[v.model]
         t = time.perf_counter()
         outputs: list[list[int]] = []
-        for _, o in sample_in_batches(model, prompt_ids, SamplerChoice(cfg), batch_size=fc.batch_size,
+        for _, o in sample_in_batches(model, prompt_ids, cfg, batch_size=fc.batch_size,
                                       seed_of=lambda i: fc.seed * 100_003 + i):
             outputs += o.ids.tolist()
         seconds = time.perf_counter() - t

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import RemaskConfig, SDEConfig
+from ..config import REMDM
 from ..eval import metrics as M
 from ..eval.correction import aggregate_fix_clean, fix_clean_records
-from ..generation import SamplerChoice, sample_in_batches
+from ..generation import sample_in_batches
+from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from .tasks import TaskExample, render_prompt, response_words, score_response
 from .world import ToyWorld
 
@@ -28,16 +29,16 @@ class Method:
     model: str
     """Key into the models dict: 'base' (pretrained MDM), 'dsl', 'mdm' (MDM-CPT), 'xdlm'."""
     sampler: str
-    """'sde' or 'remask' (ReMDM is remask with remdm=True)."""
+    """A registry sampler name; 'remask' with option remdm=True runs 'remdm'."""
     options: dict[str, Any] = field(default_factory=dict)
 
-    def choice(self, nfe: int, gen_length: int) -> SamplerChoice:
-        if self.sampler == "sde":
-            return SamplerChoice(SDEConfig(nfe=nfe, gen_length=gen_length, **self.options))
+    def config(self, nfe: int, gen_length: int) -> SamplerConfig:
+        """The sampler config of this row at `nfe` model evaluations (the registry's parser builds it)."""
         opts = dict(self.options)
         if opts.pop("blocks", None):
             opts["block_length"] = gen_length // BLOCKS
-        return SamplerChoice(RemaskConfig(steps=nfe, gen_length=gen_length, **opts))
+        name = REMDM if opts.pop("remdm", False) else self.sampler
+        return sampler_config(name, {get_spec(name).steps_field: nfe, "gen_length": gen_length, **opts})
 
 
 BLOCKS = 4
@@ -69,8 +70,8 @@ def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, token
     for method in methods:
         model = models[method.model]
         for nfe in nfes:
-            choice = method.choice(nfe, gen_length)
-            for start, out in sample_in_batches(model, prompt_ids, choice, batch_size=batch_size,
+            config = method.config(nfe, gen_length)
+            for start, out in sample_in_batches(model, prompt_ids, config, batch_size=batch_size,
                                                 seed_of=lambda i: seed * 100_003 + i):
                 # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
                 keep_all = not out.config.get("truncate_at_eos", True)

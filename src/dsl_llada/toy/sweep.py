@@ -25,7 +25,6 @@ import torch
 
 from ..config import ConfigBase, ConfigError, SDEConfig, eta_for_nfe
 from ..eval.report import markdown_table
-from ..generation import SamplerChoice
 from ..model import DSLModel
 from ..sampling.sde import inference_beta
 from ..utils import atomic_write_text, save_figure
@@ -237,8 +236,8 @@ class _FixedMethod:
     model: str
     cfg: SDEConfig
 
-    def choice(self, nfe: int, gen_length: int) -> SamplerChoice:
-        return SamplerChoice(self.cfg)
+    def config(self, nfe: int, gen_length: int) -> SDEConfig:
+        return self.cfg
 
 
 def _row(s: SweepSetting, nfe: int, cfg: SDEConfig, result: dict[str, Any], model_id: str, sweep: SweepConfig,

@@ -22,7 +22,6 @@ from pathlib import Path
 __all__ = ["BERTScoreError", "BERTScorer", "bertscore", "local_minilm_dir"]
 
 log = logging.getLogger(__name__)
-_SCORERS: dict[tuple, BERTScorer] = {}  # loaded encoders, reused across calls
 
 
 class BERTScoreError(ValueError):
@@ -105,8 +104,8 @@ def bertscore(cands: Sequence[str], refs: Sequence[str], *, model_dir: str | os.
     ``model_dir`` (its first ``num_layers`` layers; no IDF weighting; rescaled only when ``baseline_path`` is
     given). The loaded encoder and its per-pair cache are reused by later calls with the same settings."""
     key = (str(Path(model_dir).resolve()), int(num_layers), str(device), str(baseline_path))
-    scorer = _SCORERS.get(key)
-    if scorer is None:
-        scorer = _SCORERS[key] = BERTScorer(model_dir, num_layers=num_layers, device=device,
-                                            baseline_path=baseline_path)
+    from .shared import shared
+
+    scorer = shared("bertscore", key, lambda: BERTScorer(model_dir, num_layers=num_layers, device=device,
+                                                         baseline_path=baseline_path))
     return scorer.score(cands, refs, batch_size=batch_size)

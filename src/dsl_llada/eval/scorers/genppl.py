@@ -86,11 +86,11 @@ class CausalLMScorer:
         self.max_length = int(max_length)
         self.max_words = max_words
         self.add_bos = bool(add_bos)
-        if model is None or tokenizer is None:
-            model, tokenizer = self._load(dtype)
-        self.model = model.to(self.device).eval()
-        self.tokenizer = tokenizer
-        self.bos_id = self._bos_id() if self.add_bos else None
+        self._dtype = dtype
+        self._model, self._tokenizer = (model, tokenizer) if model is not None and tokenizer is not None else (None, None)
+        if self._model is None:  # loaded on the first text that is not in the cache (shared per process)
+            self._check_location()
+        self._bos = None
         self.forward_calls = 0
         """Number of batched forward passes run so far (cache hits run none)."""
         self._cache: dict[str, tuple[float, int]] = {}
@@ -139,6 +139,51 @@ class CausalLMScorer:
                               f"{type(model).__name__} are missing from it (e.g. {sorted(missing)[:3]})")
         tokenizer = AutoTokenizer.from_pretrained(self.path, **({"gguf_file": self.gguf_file} if self.gguf_file else {}))
         return model, tokenizer
+
+    def _check_location(self) -> None:
+        """The cheap checks of :meth:`_load` (folder, GGUF file, config and its model type), without weights; the
+        weights themselves (e.g. an encoder whose LM head would be random) are checked when first loaded."""
+        if self.gguf_file is not None:
+            if not self.path.is_dir():
+                raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM "
+                                  f"folder or a folder holding a .gguf file)")
+            if not (self.path / self.gguf_file).is_file():
+                raise ScorerError(f"GGUF file {self.gguf_file!r} not found in {self.path}")
+            return
+        from ..tasks.generation import check_scorer_option
+
+        try:
+            check_scorer_option({"path": str(self.path)})
+        except ScorerError as e:
+            raise ScorerError(str(e).replace("GenPPL scorer folder", "scorer folder")) from None
+
+    def _ensure_loaded(self) -> None:
+        if self._model is None:
+            from .shared import shared
+
+            key = (str(self.path.resolve()), self.gguf_file, str(self._dtype))
+            self._model, self._tokenizer = shared("causal-lm", key, lambda: self._load(self._dtype))
+        if self._model.device != self.device:
+            self._model = self._model.to(self.device)
+        self._model.eval()
+
+    @property
+    def model(self) -> Any:
+        """The causal LM (loaded on first use; one copy per process and settings)."""
+        self._ensure_loaded()
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The scorer's tokenizer (loaded with the model)."""
+        self._ensure_loaded()
+        return self._tokenizer
+
+    @property
+    def bos_id(self) -> int | None:
+        if self.add_bos and self._bos is None:
+            self._bos = self._bos_id()
+        return self._bos
 
     def _bos_id(self) -> int:
         for name in ("bos_token_id", "eos_token_id"):

@@ -109,18 +109,22 @@ class CorrectionTask:
             idr = params.get("id_range")
             recs = C.fix_clean_records(model, tok, texts, rate=params["rate"], path=path, gamma=gamma, seed=seed,
                                        batch_size=len(samples), text_ids=ids, max_tokens=params.get("max_tokens", 256),
-                                       id_range=tuple(idr) if idr else None)
+                                       id_range=tuple(idr) if idr else None, mode=mode)
             by_id = {r["text_id"]: r for r in recs}
         elif kind == "noisy-edit":
             cases = C.noisy_edit_cases([s.info["text"] for s in samples], tok, seed=seed, text_ids=ids,
                                        max_edits=params.get("max_edits", 1))
             by_id = {r["case_id"]: r for r in C.score_cases(model, cases, path=path, gamma=gamma, seed=seed,
-                                                            batch_size=len(samples))}
+                                                            batch_size=len(samples), mode=mode)}
+        elif kind == "benchmark" and mode == "authors":  # their realistic-correction suite: token_diff_positions
+            rows = [{"id": s.index, "original": s.info["original"], "corrupted": s.info["corrupted"]} for s in samples]
+            by_id = {r["case_id"]: r for r in C.realistic_records(model, tok, rows, path=path, gamma=gamma, seed=seed,
+                                                                  batch_size=len(samples))}
         else:
             rows = [{"id": s.index, "original": s.info["original"], "corrupted": s.info["corrupted"]} for s in samples]
             cases, _ = C.pair_cases(rows, tok, mode=mode, meta_keys=())
             by_id = {r["case_id"]: r for r in C.score_cases(model, cases, path=path, gamma=gamma, seed=seed,
-                                                            batch_size=len(samples))}
+                                                            batch_size=len(samples), mode=mode)}
         out = []
         for s in samples:
             r = by_id.get(s.index)

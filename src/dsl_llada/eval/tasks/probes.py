@@ -69,7 +69,7 @@ class ProbesTask:
         if params["probe"] == "mask":
             recs = P.mask_calibration_records(loaded.model, loaded.tokenizer, texts, mask_rate=params["rate"], seed=seed,
                                               batch_size=len(samples), text_ids=ids, path=params["path"],
-                                              max_tokens=max_tokens)
+                                              max_tokens=max_tokens, mode=mode)
             by = {r["text_id"]: {"n_masked": len(r["positions"]), "confidence": r["confidence"], "correct": r["correct"]}
                   for r in recs}
         else:

@@ -46,13 +46,14 @@ class ReasoningTask(SamplingTask):
             q, gold = row.get(qf), row.get(gf)
             if not isinstance(q, str) or not q.strip() or gold is None or str(gold).strip() == "":
                 continue
-            gold = str(gold)
-            if kind == "math" and gf == "solution":
+            gold = gold_authors = str(gold)
+            if kind == "math" and gf == "solution":  # each mode extracts the gold its own way
                 from ..answers import extract_math_gold
 
-                gold = extract_math_gold(gold) or ""
+                gold = extract_math_gold(gold_authors) or ""
+                gold_authors = extract_math_gold(gold_authors, "authors")
             out.append(Sample(row_id(ds, row, i, idf), i, template.replace("{text}", q), True,
-                              {"gold": gold, "kind": kind}))
+                              {"gold": gold, "gold_authors": gold_authors, "kind": kind}))
         return check_usable(ds, out, len(rows), f"rows need a non-empty {qf!r} and {gf!r}")
 
     def gen_length(self, ds: DatasetSpec) -> int:
@@ -61,13 +62,14 @@ class ReasoningTask(SamplingTask):
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
         from .. import answers
 
+        gold_a = info.get("gold_authors", info["gold"])
         if info["kind"] == "gsm8k":
             return {"pred": answers.extract_gsm8k(text, "default"), "pred_authors": answers.extract_gsm8k(text, "authors"),
                     "correct": answers.gsm8k_correct(text, info["gold"], "default"),
-                    "correct_authors": answers.gsm8k_correct(text, info["gold"], "authors")}
+                    "correct_authors": answers.gsm8k_correct(text, gold_a, "authors")}
         return {"pred": answers.extract_math(text, "default"), "pred_authors": answers.extract_math(text, "authors"),
                 "correct": answers.math_correct(text, info["gold"], "default"),
-                "correct_authors": answers.math_correct(text, info["gold"], "authors")}
+                "correct_authors": answers.math_correct(text, gold_a, "authors")}
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
         rows = []

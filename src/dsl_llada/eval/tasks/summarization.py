@@ -136,7 +136,7 @@ class SummarizationTask(SamplingTask):
             rows.append(row)
         baseline = ctx.task.options.get("baseline") or next(
             (m.name for m in ctx.config.task_methods(ctx.task) if m.preset == "llada"), None)
-        buckets = _delta_buckets(records, baseline) if baseline else {}
+        buckets = _delta_buckets(records, baseline, ctx.mode) if baseline else {}
         md = []
         for ds in dict.fromkeys(r["dataset"] for r in rows):
             sub = [r for r in rows if r["dataset"] == ds]
@@ -162,8 +162,12 @@ class SummarizationTask(SamplingTask):
                                                                                      "baseline": baseline})
 
 
-def _delta_buckets(records: list[dict[str, Any]], baseline: str) -> dict[str, dict[str, dict[str, float]]]:
-    """dataset -> 'method @ NFE' -> bucket -> % of samples (paired by sample id, seed and NFE with the baseline)."""
+def _delta_buckets(records: list[dict[str, Any]], baseline: str,
+                   mode: str = "default") -> dict[str, dict[str, dict[str, float]]]:
+    """dataset -> 'method @ NFE' -> bucket -> % of samples (paired by sample id, seed and NFE with the baseline).
+    Authors mode buckets the difference of the 2-dp rounded per-sample ROUGE-1 (their records)."""
+    from ..authors import rouge1_delta
+
     base = {(r["dataset"], r["nfe"], r["seed"], r["sample_id"]): (r.get("metrics") or {}).get("rouge1", 0.0)
             for r in records if r["method"] == baseline}
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -174,7 +178,7 @@ def _delta_buckets(records: list[dict[str, Any]], baseline: str) -> dict[str, di
         k = (r["dataset"], r["nfe"], r["seed"], r["sample_id"])
         if k not in base:
             continue
-        d = (r.get("metrics") or {}).get("rouge1", 0.0) - base[k]
+        d = rouge1_delta((r.get("metrics") or {}).get("rouge1", 0.0), base[k], mode)
         c = counts.setdefault((r["dataset"], f"{r['method']} @ {r['nfe']}"), {})
         b = delta_bucket(d)
         c[b] = c.get(b, 0) + 1
