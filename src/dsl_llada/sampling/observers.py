@@ -7,6 +7,7 @@ A sampler's `progress=True` is a `StepProgress` chained before the caller's call
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .common import StepCallback, StepInfo
 
@@ -18,7 +19,7 @@ class StepProgress:
 
     def __init__(self, desc: str):
         self.desc = desc
-        self.bar = None
+        self.bar: Any = None
 
     def __call__(self, info: StepInfo) -> None:
         if info.decode:

@@ -113,8 +113,9 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     def on_step(s: int, gamma: float, logits: torch.Tensor) -> None:
         if trajectory is None and callback is None:
             return
-        tokens = decode_argmax(logits, mask_id) if trajectory is not None else None
+        tokens: torch.Tensor | None = None
         if trajectory is not None:
+            tokens = decode_argmax(logits, mask_id)
             trajectory.append(tokens.cpu())
         if callback is not None:
             lazy = tokens if tokens is not None else (lambda: decode_argmax(logits, mask_id))
@@ -165,8 +166,9 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
                 tokens[:, lo:hi] = decode_argmax(logits, mask_id)
                 return tokens
 
-            tokens = current() if trajectory is not None else None
+            tokens: torch.Tensor | None = None
             if trajectory is not None:
+                tokens = current()
                 trajectory.append(tokens.cpu())
             if callback is not None:
                 callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps,
@@ -189,7 +191,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory)
 
 
-def _prefix_mask(rows: int, length: int, upto: int, device) -> torch.Tensor:
+def _prefix_mask(rows: int, length: int, upto: int, device: torch.device) -> torch.Tensor:
     """(rows, length) bool, True on the first `upto` positions (the Block SDE's committed blocks)."""
     return (torch.arange(length, device=device) < upto).expand(rows, length)
 
