@@ -124,3 +124,23 @@ def test_openai_client_reads_logprobs(tiny):
     assert len(content) == full.usage.completion_tokens and len(content[0].top_logprobs) == 2
     streamed = [t.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
     assert streamed == [t.logprob for t in content]
+
+
+def test_logprobs_follow_the_stop_cut(tiny):
+    model, tok = tiny
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "seed": 2, "sampler": "remask", "steps": 12,
+            "logprobs": 0}
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        full = r.json()["choices"][0]
+        words = full["text"].split()
+        assert len(words) >= 4
+        stop = " " + words[len(words) // 2]
+        r = c.post("/v1/completions", json={**body, "stop": stop})
+        assert r.status_code == 200, r.text
+        cut = r.json()["choices"][0]
+    assert cut["text"] == full["text"][: full["text"].find(stop)] and cut["finish_reason"] == "stop"
+    n = len(cut["logprobs"]["tokens"])
+    assert 0 < n < len(full["logprobs"]["tokens"])
+    assert cut["logprobs"]["token_logprobs"] == full["logprobs"]["token_logprobs"][:n]

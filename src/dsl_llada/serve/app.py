@@ -89,7 +89,10 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         param = validation_error_param(tuple(err.get("loc", ())))
         if param is None:
             return _error(400, f"invalid request body: {err.get('msg')}", "invalid_request_error")
-        return _error(400, f"invalid value for {param!r}: {err.get('msg')}", "invalid_request_error", param)
+        # a union field fails once per member: say what each member expected
+        msgs = list(dict.fromkeys(str(e.get("msg")) for e in exc.errors()
+                                  if validation_error_param(tuple(e.get("loc", ()))) == param))
+        return _error(400, f"invalid value for {param!r}: {'; or: '.join(msgs)}", "invalid_request_error", param)
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError):

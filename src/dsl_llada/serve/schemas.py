@@ -9,7 +9,8 @@ Every value not given keeps that dataclass's default, i.e. the paper's settings.
 from __future__ import annotations
 
 import typing
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,7 +53,7 @@ class SamplingFields(BaseModel):
     stream_options: dict[str, Any] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     """Seed of the per-request torch.Generator (random when absent; echoed in the response)."""
-    stop: str | list[str] | None = Field(None, max_length=4)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     """Cut the final text at the first occurrence of any of these strings (at most 4, as OpenAI's)."""
     temperature: float | None = Field(None, ge=0)
     """remask/remdm: the Gumbel sampling temperature. Not used by the SDE samplers (their noise scale is `eta`)."""
@@ -171,7 +172,11 @@ def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: 
         raise RequestError(str(e), param) from None
 
 
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*)$", re.I)
+
+
 def validation_error_param(loc: tuple) -> str | None:
-    """'messages.0.content' from a pydantic/FastAPI error location (without the leading 'body')."""
-    parts = [str(p) for p in loc if p != "body"]
+    """'messages.0.content' from a pydantic/FastAPI error location (without the leading 'body' and the union member
+    tags pydantic adds, e.g. 'stop.list[str]' -> 'stop')."""
+    parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
     return ".".join(parts) or None
