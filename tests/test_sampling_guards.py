@@ -61,3 +61,12 @@ def test_chain_callbacks():
     both = chain_callbacks(lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i)))
     both(7)
     assert calls == [("a", 7), ("b", 7)]
+
+
+def test_no_forward_hooks_in_the_package():
+    """Observers use the step callback; a forward hook would miss the cached forward paths (issue 22.4)."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "dsl_llada"
+    hooked = [str(p.relative_to(src)) for p in src.rglob("*.py") if "register_forward_hook" in p.read_text(encoding="utf-8")]
+    assert hooked == []
