@@ -241,3 +241,15 @@ def test_sigterm_with_a_long_request_exits_within_the_grace_period(model_dir):
     # uvicorn re-raises the captured SIGTERM after its shutdown: -15 is a clean exit too
     assert rc in (0, -signal.SIGTERM) and exited_after < 30  # the request alone would run for hours
     assert status == 503  # the drain answered it before the HTTP server closed the connection
+
+
+def test_a_stream_past_its_deadline_ends_with_one_error_event(tiny):
+    model, tok = tiny
+    app = create_app(model, tok, model_name="tiny", limits=Limits.for_model(64, 1, max_steps=100_000,
+                                                                             request_timeout_s=1.0))
+    body = chat("hi", sampler="remask", steps=40_000, max_tokens=40, stream=True)
+    with TestClient(app) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    events = [json.loads(ln[6:]) for ln in lines]  # every event is valid JSON ([DONE] never comes)
+    assert "error" in events[-1] and events[-1]["error"]["code"] == "request_timeout"
+    assert sum("error" in e for e in events) == 1 and any("dsl_llada" in e for e in events[:-1])
