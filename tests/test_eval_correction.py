@@ -193,3 +193,30 @@ def test_noisy_edit_cases(wordpiece):
     assert [c.corrupted for c in again] == [c.corrupted for c in cases]
     twin = C.noisy_edit_cases(texts, wordpiece, seed=1, max_edits=2)
     assert [c.corrupted for c in twin] != [c.corrupted for c in cases]
+
+
+class _CharTok:
+    """Each character is one id (ord); enough to tokenise sentence pairs for the realistic-correction scorer."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 50 + 1 for c in text]
+
+
+def test_realistic_records_score_at_token_diff_positions():
+    """Authors' realistic correction: difflib positions of equal-length replacements, also when lengths differ."""
+    from dsl_llada.eval.authors import realistic_fix_clean
+
+    oracle = Stub(lambda ids: ids)  # copies its input: fixes nothing, keeps everything
+    rows = [{"id": 0, "original": "the cat sat", "corrupted": "the cot sat"},      # one replacement
+            {"id": 1, "original": "a dog", "corrupted": "a dogs"},                  # an insertion only
+            {"id": 2, "original": "same", "corrupted": "same"}]
+    recs = C.realistic_records(oracle, _CharTok(), rows, batch_size=2)
+    assert [r["case_id"] for r in recs] == [0, 1, 2]
+    assert (recs[0]["fix"], recs[0]["clean"], recs[0]["n_corrupted"], recs[0]["positions"]) == (0.0, 1.0, 1, [5])
+    assert (recs[1]["fix"], recs[1]["clean"], recs[1]["n_corrupted"]) == (0.0, 1.0, 0)  # nothing to fix: 0 / 1
+    tok = _CharTok()
+    want = realistic_fix_clean(tok.encode("the cat sat"), tok.encode("the cot sat"), tok.encode("the cot sat"))
+    assert {k: recs[0][k] for k in want} == want
+    fixer = Stub(lambda ids: torch.where(ids == tok.encode("o")[0], tok.encode("a")[0], ids))  # o -> a everywhere
+    r = C.realistic_records(fixer, tok, rows[:1])[0]
+    assert (r["fix"], r["clean"]) == (1.0, 1.0)

@@ -332,3 +332,33 @@ def test_local_smollm2_judge_constrained_parses_all_and_free_text_is_refused(tmp
     assert free["parse_rate"] == 0.0 and free["win"] is None and "win rate withheld" in free["refused"]
     assert "win rate withheld" in (tmp_path / "free" / "summary.md").read_text()
     assert shared.LOADS["causal-lm"] == loads + 1  # one load for both judge runs
+
+
+def test_judge_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--help"])
+    out = capsys.readouterr().out
+    for opt in ("--judge-prompt-file", "--min-parse-rate", "--unconstrained", "--parse-mode", "--local", "--endpoint",
+                "--both-orders", "--include-source"):
+        assert opt in out
+
+
+def test_prompt_file_text_and_json_and_refusals(tmp_path):
+    from dsl_llada.eval.judge_cli import load_prompt_file
+
+    txt = tmp_path / "p.txt"
+    txt.write_text("You judge.\nReply {\"overall\": ...}\n---\nREF {reference}\nA {candidate_a}\nB {candidate_b}\n")
+    system, user = load_prompt_file(txt)
+    assert system == 'You judge.\nReply {"overall": ...}' and user == "REF {reference}\nA {candidate_a}\nB {candidate_b}"
+    js = tmp_path / "p.json"
+    js.write_text(json.dumps({"system": "S", "user": "{reference} {candidate_a} {candidate_b}"}))
+    assert load_prompt_file(js) == ("S", "{reference} {candidate_a} {candidate_b}")
+    cfg = JudgeConfig(system_prompt=system, user_template=user)
+    assert JudgeConfig.from_dict(cfg.to_dict()) == cfg
+    (tmp_path / "bad.txt").write_text("no separator here {reference}")
+    with pytest.raises(ValueError, match="no line '---'"):
+        load_prompt_file(tmp_path / "bad.txt")
+    with pytest.raises(ValueError, match=r"lacks the placeholder\(s\) \['\{candidate_b\}'\]"):
+        JudgeConfig(system_prompt="S", user_template="{reference} {candidate_a}")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_prompt_file(tmp_path / "none.txt")

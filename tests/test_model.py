@@ -310,7 +310,7 @@ def _hand_logits(t: dict[str, torch.Tensor], bb, ids, z, mask, beta: float | Non
 def test_released_layout_loads_with_inferred_config(tmp_path, residual):
     t, bb = _released_tensors(d=12, residual=residual)
     folder = _write_released(tmp_path / "released", t, bb)
-    m = DSLModel.from_pretrained(folder).eval()
+    m = DSLModel.from_pretrained(folder, assume_released=True).eval()
     cc = m.config.converter
     assert m.config.context_embedding == "wte"
     assert (cc.noise_dim, cc.layout, cc.residual, cc.trainable_noise_embed) == (12, "released", residual, False)
@@ -336,7 +336,7 @@ def test_released_layout_loads_with_inferred_config(tmp_path, residual):
 def test_released_layout_in_bf16(tmp_path):
     t, bb = _released_tensors()
     folder = _write_released(tmp_path / "released", {k: v.bfloat16() for k, v in t.items()}, bb)
-    m = DSLModel.from_pretrained(folder, dtype=torch.bfloat16)
+    m = DSLModel.from_pretrained(folder, dtype=torch.bfloat16, assume_released=True)
     assert m.converter.beta.dtype == torch.float32
     assert m.trained_beta == float(torch.tensor(1.7).bfloat16())
     assert m.converter.backbone_embedding.weight.dtype == torch.bfloat16
@@ -349,28 +349,28 @@ def test_released_layout_unknown_dsl_key(tmp_path):
     t, bb = _released_tensors()
     t["converter.temperature"] = torch.tensor(1.0)
     with pytest.raises(CheckpointError, match="converter.temperature"):
-        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb))
+        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb), assume_released=True)
 
 
 def test_released_layout_gated_residual_is_refused(tmp_path):
     t, bb = _released_tensors(residual=True)
     t["converter.gate_temp"], t["converter.gate_bias"] = torch.tensor(5.0), torch.tensor(2.0)
     with pytest.raises(CheckpointError, match="SNR-gated"):
-        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb))
+        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb), assume_released=True)
 
 
 def test_released_layout_vocab_mismatch(tmp_path):
     t, bb = _released_tensors(d=12)
     t["noise_embed.weight"] = F.normalize(torch.randn(V + 1, 12, generator=gen(0)), dim=-1)
     with pytest.raises(CheckpointError, match=r"noise_embed.weight has shape \(65, 12\), expected \(64, 12\)"):
-        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb))
+        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb), assume_released=True)
 
 
 def test_released_layout_value_matrix_mismatch(tmp_path):
     t, bb = _released_tensors(d=12)
     t["converter.backbone_embedding.weight"] = torch.zeros(H, V)
     with pytest.raises(CheckpointError, match=r"converter.backbone_embedding.weight has shape \(32, 64\)"):
-        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb))
+        DSLModel.from_pretrained(_write_released(tmp_path / "r", t, bb), assume_released=True)
 
 
 def test_folder_without_noise_embed_is_not_a_dsl_checkpoint(tmp_path):

@@ -291,8 +291,11 @@ def test_kill_and_resume_is_bitwise_identical(backbone_dir, tmp_path):
     # a finished run resumes to "already done"; an explicit checkpoint path also resumes
     again = train(cfg, tokenizer=letters, texts=corpus())
     assert again.stop_reason == "already_done" and again.final_step == 8 and not again.losses
-    from_six = train(cfg.replace(resume=str(out / "checkpoint-6")), tokenizer=letters, texts=corpus())
+    # an explicit older checkpoint branches into a new output_dir (the old run is only read; issue 23.5)
+    from_six = train(cfg.replace(resume=str(out / "checkpoint-6"), output_dir=str(tmp_path / "branch")),
+                     tokenizer=letters, texts=corpus())
     assert from_six.losses == {7: full.losses[7], 8: full.losses[8]}
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
 
 
 TIMING_FIELDS = ("tokens_per_s", "elapsed_s")

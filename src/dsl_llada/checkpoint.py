@@ -41,9 +41,16 @@ def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
         save_file(tensors, str(path), metadata={"format": "pt"})
     except SafetensorError as e:
         path.unlink(missing_ok=True)
-        code = errno.ENOSPC if ("os error 28" in str(e) or "No space" in str(e)) else errno.EIO
-        raise OSError(code, os.strerror(code) if code == errno.ENOSPC else str(e), str(path)) from None
+        import re
+
+        m = re.search(r"os error (\d+)", str(e))
+        code = int(m.group(1)) if m else errno.ENOSPC if "No space" in str(e) else errno.EIO
+        raise OSError(code, os.strerror(code) if m or code == errno.ENOSPC else str(e), str(path)) from None
     os.chmod(path, file_mode())
+
+
+save_tensors_file = _save
+"""Public name of `_save`: one safetensors file, umask mode, a full disk as an OSError naming the file."""
 
 
 @contextlib.contextmanager
@@ -109,19 +116,75 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
+def _hub_blobs(folder: Path) -> Path | None:
+    """The `blobs/` folder of a Hugging Face cache repository when `folder` is one of its snapshots (whose files
+    are symlinks into it), else None."""
+    blobs = folder.parent.parent / "blobs"
+    return blobs.resolve() if folder.parent.name == "snapshots" and blobs.is_dir() else None
+
+
+def confined_file(folder: Path, name: object, where: str) -> Path:
+    """`folder / name` for a checkpoint file named in `where` (an index or config), refused unless it is a plain
+    file name of a regular file inside `folder`: no `..`, absolute paths, sub-folders, devices, FIFOs, or
+    symlinks leading out of the folder (a Hugging Face cache snapshot's links into its own `blobs/` excepted)."""
+    if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+        raise CheckpointError(f"{where} names the file {name!r}; checkpoint files must be plain file names inside "
+                              f"{str(folder)!r} (no folders, '..' or absolute paths)")
+    path = folder / name
+    real, root = path.resolve(), folder.resolve()
+    if real.parent != root and not ((blobs := _hub_blobs(folder)) is not None and real.parent == blobs):
+        raise CheckpointError(f"{str(path)!r} (named in {where}) is a link to {str(real)!r}, outside the model "
+                              f"folder; copy the file into the folder instead")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CheckpointError(f"{str(path)!r} (named in {where}) is missing") from None
+    import stat
+
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{str(path)!r} (named in {where}) is not a regular file (a device, FIFO or folder); "
+                              f"checkpoint files must be ordinary files")
+    return path
+
+
+def check_safetensors_header(path: Path) -> None:
+    """Raise CheckpointError unless `path` is a complete safetensors file: its header parses and the tensor data it
+    describes fits the file exactly (a truncated file fails here, before anything is loaded)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or 8 + n > size or n > 100 * 1024**2:
+                raise ValueError("no valid header")
+            header = json.loads(f.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        if 8 + n + max(ends, default=0) != size:
+            raise ValueError(f"the header describes {8 + n + max(ends, default=0)} bytes")
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file ({size} bytes: {e}); it is truncated "
+                              f"or damaged — copy, convert or download it again") from None
+
+
 def checkpoint_files(folder: str | Path) -> dict[str, Path]:
-    """Map every tensor name of a checkpoint folder to the safetensors file holding it."""
+    """Map every tensor name of a checkpoint folder to the safetensors file holding it (every file confined to the
+    folder: see `confined_file`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
     index = folder / INDEX_NAME
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = read_json(confined_file(folder, INDEX_NAME, "the model folder"), "weight index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index} has no 'weight_map' object")
-        return {k: folder / v for k, v in weight_map.items()}
+        files = {v: confined_file(folder, v, str(index)) for v in set(weight_map.values()) if isinstance(v, str)}
+        bad = [v for v in weight_map.values() if not isinstance(v, str)]
+        if bad:
+            confined_file(folder, bad[0], str(index))
+        return {k: files[v] for k, v in weight_map.items()}
     single = folder / WEIGHTS_NAME
-    if single.exists():
+    if single.exists() or single.is_symlink():
+        single = confined_file(folder, WEIGHTS_NAME, "the model folder")
         with _reading(single), safe_open(str(single), framework="pt") as f:
             return {k: single for k in f.keys()}
     found = sorted(p.name for p in folder.iterdir())
@@ -156,8 +219,8 @@ def read_json(path: Path, what: str) -> dict:
     if not path.exists():
         raise CheckpointError(f"{what} {str(path)!r} is missing")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{what} {str(path)!r} must hold a JSON object")

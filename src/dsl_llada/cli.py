@@ -61,12 +61,15 @@ def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype:
     return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
             "sampler": config.sampler_name,
             "config": config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
-            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest}}
+            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest},
+            # recorded only when set, so outputs written before these flags existed still resume
+            **({"allow_special_tokens": True} if a.allow_special_tokens else {}),
+            **({"assume_released": True} if a.assume_released else {})}
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from .generation import NonFiniteLogitsError, generate
-    from .loading import (check_prompt_lengths, check_prompt_texts, context_limit, default_device, encode_prompt, load_model,
+    from .loading import (check_device, check_prompt_lengths, check_prompt_texts, context_limit, default_device, encode_prompt, load_model,
                           load_tokenizer, parse_dtype, read_prompts)
     from .records import RecordFile
 
@@ -81,16 +84,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise ValueError("--resume needs --output FILE (the records file to continue)")
     from .backbones import resolve_model_path
 
-    device = a.device or default_device()
+    device = check_device(a.device or default_device())
+    if not 0 <= a.seed <= 2**63 - 1 - len(prompts):  # prompt i uses seed + i, a signed 64-bit generator seed
+        raise ValueError(f"--seed {a.seed} is out of range: it must be in [0, {2**63 - 1 - len(prompts)}] "
+                         f"(prompt i uses seed + i, a 64-bit generator seed)")
     dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
     if a.output:  # checked before the model is loaded: nothing is written yet
         out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
-    model = load_model(a.model, dtype=parse_dtype(dtype), device=device)
-    tok = load_tokenizer(a.tokenizer or a.model)
-    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template) for p in prompts]
+    model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
+    tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
+    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
+               for p in prompts]
     check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
 
     def show(batch: list[dict]) -> None:
@@ -144,19 +151,29 @@ def _convert_config(a: argparse.Namespace):
 
 def cmd_convert(a: argparse.Namespace) -> int:
     from .backbones import load_backbone
-    from .loading import parse_dtype
+    from .loading import check_tokenizer_files, parse_dtype
     from .model import DSLModel
 
     cfg = _convert_config(a)
     from .backbones import resolve_model_path
 
     a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
+    from .locks import output_lock
     from .outputs import prepare_output_dir
+    from .utils import remove_stale_temp_folders
 
-    prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
-    backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
-    model = DSLModel.convert(backbone, cfg)
-    model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
+    with output_lock(a.output, what="output folder"):  # one writer per output, before anything is written
+        prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
+        removed, kept = remove_stale_temp_folders(a.output)
+        for p in removed:
+            print(f"note: removed {str(p)!r}, a temp folder left by an interrupted convert", file=sys.stderr)
+        for p in kept:
+            print(f"warning: {str(p)!r} looks like a temp folder of an interrupted convert but holds other files; "
+                  f"left alone — remove it yourself", file=sys.stderr)
+        check_tokenizer_files(a.backbone)  # copied into the checkpoint below: never copy a damaged file
+        backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
+        model = DSLModel.convert(backbone, cfg)
+        model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
     c = cfg.converter
     print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
     return 0
@@ -182,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts-file", default=None, help="JSONL file with one prompt per line (or .txt)")
     g.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt (default 'prompt')")
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts raw (prefix continuation)")
+    g.add_argument("--allow-special-tokens", action="store_true",
+                   help="let special-token spellings in prompts (e.g. <|mask|>, <|endoftext|>) become control tokens "
+                        "(default: they are encoded as the text they are)")
+    g.add_argument("--assume-released", action="store_true",
+                   help="a DSL checkpoint without dsl_config.json is the released DSL-LLaDA layout (settings "
+                        "inferred); without it such a checkpoint is refused")
     g.add_argument("--batch-size", type=int, default=8)
     g.add_argument("--seed", type=int, default=42, help="prompt i uses seed + i")
     g.add_argument("--output", default=None,

@@ -128,7 +128,11 @@ class ConverterConfig(ConfigBase):
     """Under autograd, recompute each chunk's softmax in backward instead of storing (B*L, V+1) probabilities."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.noise_dim, int) and self.noise_dim >= 1, f"noise_dim={self.noise_dim!r} must be an int >= 1")
+        # The noise embedding is (V + 1) x noise_dim: 8192 already makes it 4 GB for LLaDA's 126k vocabulary.
+        _check(isinstance(self.noise_dim, int) and not isinstance(self.noise_dim, bool) and 1 <= self.noise_dim <= 8192,
+               f"noise_dim={self.noise_dim!r} must be an int in [1, 8192] (the paper uses 100)")
+        _check(isinstance(self.noise_seed, int) and 0 <= self.noise_seed < 2**63,
+               f"noise_seed={self.noise_seed!r} must be an int in [0, 2**63)")
         _choice("noise_init", self.noise_init, ("random", "pca"))
         _choice("layout", self.layout, ("released", "paper"))
         _choice("value_bias_init", self.value_bias_init, ("zeros", "torch_default"))

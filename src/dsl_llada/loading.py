@@ -22,7 +22,8 @@ from .backbones.base import Backbone, CheckpointError
 from .checkpoint import checkpoint_files
 from .model import DSLModel
 
-__all__ = ["DTYPES", "check_prompt_lengths", "check_prompt_texts", "context_limit", "default_device", "encode_messages",
+__all__ = ["DTYPES", "check_device", "check_tokenizer_files", "check_prompt_lengths",
+           "check_prompt_texts", "context_limit", "default_device", "encode_messages",
            "encode_prompt", "load_model", "load_tokenizer", "parse_dtype", "read_prompts", "special_spellings"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -39,24 +40,100 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DSLModel | Backbone:
-    """A DSL checkpoint (has `noise_embed.weight`) loads as DSLModel; anything else as a bare backbone."""
+def check_device(name: str | torch.device) -> str:
+    """`name` if this machine has that device, else one ValueError saying what is valid (so `--device bogus` or
+    `--device cuda` without a GPU is never reported as a damaged weights file)."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"--device {str(name)!r} is not a device name; expected cpu, cuda or cuda:N "
+                         f"(default: {default_device()})") from None
+    if dev.type == "cpu":
+        return str(name)
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"--device {str(name)!r}: no CUDA GPU is available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"--device {str(name)!r}: this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+        return str(name)
+    if dev.type == "mps" and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return str(name)
+    raise ValueError(f"--device {str(name)!r} is not available here; expected cpu or cuda (default: {default_device()})")
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               assume_released: bool = False) -> DSLModel | Backbone:
+    """A DSL checkpoint (has `noise_embed.weight`) loads as DSLModel; anything else as a bare backbone.
+    `assume_released`: a DSL checkpoint without dsl_config.json is the released layout (else refused)."""
+    check_device(device)
     names = set(checkpoint_files(path))
     if "noise_embed.weight" in names:
-        return DSLModel.from_pretrained(path, dtype=dtype, device=device).eval()
+        return DSLModel.from_pretrained(path, dtype=dtype, device=device, assume_released=assume_released).eval()
     return load_backbone(path, dtype=dtype, device=device).eval()
 
 
-def load_tokenizer(path: str | Path):
-    """A Hugging Face tokenizer from a local folder (never the hub; no remote code)."""
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json", "generation_config.json")
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer_files(path: str | Path) -> list[str]:
+    """Parse the tokenizer files of folder `path` before anything uses (or copies) them: every JSON file must be
+    valid UTF-8 JSON and `tokenizer.json` must load. Raises CheckpointError naming the file; returns the
+    vocabulary files found (none: the folder has no tokenizer)."""
+    folder = Path(path)
+    for name in TOKENIZER_JSON_FILES:
+        f = folder / name
+        if f.is_file():
+            try:
+                json.loads(f.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"tokenizer file {str(f)!r} is not valid JSON ({e}); it is damaged — copy it "
+                                      f"again from the model it came with") from None
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001  (the Rust library raises a bare Exception)
+            raise CheckpointError(f"tokenizer file {str(folder / 'tokenizer.json')!r} cannot be read as a tokenizer "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged") from None
+    return [n for n in VOCABULARY_FILES if (folder / n).is_file()]
+
+
+def _check_chat_template(tokenizer, path: Path) -> None:
+    """Render the chat template once (sandboxed) so a template that fails or is blocked is one error up front."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    where = path / "chat_template.jinja" if (path / "chat_template.jinja").is_file() else path / "tokenizer_config.json"
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001  (jinja2's SecurityError, TemplateError, ...: all one refusal)
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"the chat template in {str(where)!r} cannot be rendered ({type(e).__name__}: {first}); "
+                              f"fix it, or pass --no-chat-template to encode prompts without it") from None
+
+
+def load_tokenizer(path: str | Path, *, chat_template: bool = True):
+    """A Hugging Face tokenizer from a local folder (never the hub; no remote code). Its files are parsed first
+    (`check_tokenizer_files`) and, when `chat_template`, its chat template is rendered once."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    path = Path(path)
+    if path.is_dir() and not check_tokenizer_files(path):
+        raise CheckpointError(f"no tokenizer in {str(path)!r} (none of {', '.join(VOCABULARY_FILES)}); pass "
+                              f"--tokenizer FOLDER with the model's tokenizer files")
     try:
-        if (Path(path) / "tokenizer.json").exists():  # a fast tokenizer file: no need to read the model's config
-            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        if (path / "tokenizer.json").exists():  # a fast tokenizer file: no need to read the model's config
+            tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        else:
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"could not load a tokenizer from {str(path)!r}: {e}") from None
+    if chat_template:
+        _check_chat_template(tok, path)
+    return tok
 
 
 def special_spellings(tokenizer) -> list[str]:
@@ -95,7 +172,7 @@ def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_templ
     message, encoded as plain text."""
     if not messages:
         raise ValueError("messages is empty; expected at least one {'role', 'content'} message")
-    contents = [m.get("content") for m in messages]
+    contents: list[Any] = [m.get("content") for m in messages]  # all str after the check below
     if not all(isinstance(c, str) for c in contents):
         raise ValueError("every message needs a string 'content'")
     if not (chat_template and getattr(tokenizer, "chat_template", None)):

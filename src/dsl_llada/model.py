@@ -169,14 +169,23 @@ class DSLModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu", special: SpecialTokens | None = None) -> "DSLModel":
-        """Load a DSL checkpoint written by `save_pretrained` or in the released DSL-LLaDA layout."""
+                        device: str | torch.device = "cpu", special: SpecialTokens | None = None,
+                        assume_released: bool = False) -> "DSLModel":
+        """Load a DSL checkpoint written by `save_pretrained`, or (with `assume_released`) one in the released
+        DSL-LLaDA layout, which has no dsl_config.json: its settings are then inferred (`infer_released_config`).
+        Without `assume_released` a DSL checkpoint lacking dsl_config.json is refused rather than guessed."""
         folder = Path(folder)
         names = set(checkpoint_files(folder))
         if "noise_embed.weight" not in names:
             raise CheckpointError(f"{folder} has no 'noise_embed.weight': it is not a DSL checkpoint "
                                   f"(use `dsl-llada convert` to make one from a backbone)")
         cfg_path = folder / DSL_CONFIG_NAME
+        if not cfg_path.exists() and not assume_released:
+            raise CheckpointError(f"{str(folder)!r} is a DSL checkpoint without {DSL_CONFIG_NAME}: its converter "
+                                  f"settings cannot be read, and guessing them changes the output; restore its "
+                                  f"{DSL_CONFIG_NAME}, or pass --assume-released (assume_released=True) if it is a "
+                                  f"released DSL-LLaDA checkpoint (settings inferred: context_embedding='wte', "
+                                  f"frozen noise embedding)")
         config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
             infer_released_config(folder, names)
         backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)

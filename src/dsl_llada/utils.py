@@ -132,6 +132,35 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def stale_temp_folders(path: str | Path) -> list[Path]:
+    """Temp folders `atomic_directory(path)` leaves next to `path` when its process dies (kill -9, power loss):
+    ``.NAME.XXXXXXXX.tmp`` and ``.NAME.old``. Only meaningful while the caller holds `path`'s lock
+    (`dsl_llada.locks.output_lock`): then no live writer owns them."""
+    import re
+
+    path = Path(os.path.abspath(path))
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.([A-Za-z0-9_]{{8}}\.tmp|old)$")
+    if not path.parent.is_dir():
+        return []
+    return sorted(p for p in path.parent.iterdir() if pattern.match(p.name) and p.is_dir() and not p.is_symlink())
+
+
+def remove_stale_temp_folders(path: str | Path) -> tuple[list[Path], list[Path]]:
+    """Remove the `stale_temp_folders` of `path` that hold only model files (what `atomic_directory` writes).
+    Returns (removed, kept): a folder holding anything else or another folder is left alone and returned in kept."""
+    from .outputs import _MODEL_ALLOWED
+
+    removed, kept = [], []
+    for p in stale_temp_folders(path):
+        entries = list(p.iterdir())
+        if all(e.is_file() and not e.is_symlink() and _MODEL_ALLOWED.match(e.name) for e in entries):
+            shutil.rmtree(p)
+            removed.append(p)
+        else:
+            kept.append(p)
+    return removed, kept
+
+
 def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True, leave: bool = False):
     """A tqdm progress bar that can be silenced (returns the bare iterable when disabled)."""
     if not enabled:
@@ -143,15 +172,17 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled
 
 _DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                 errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted",
-                errno.EISDIR: "is a folder", errno.ENOTDIR: "a parent is not a folder"}
+                errno.EISDIR: "is a folder", errno.ENOTDIR: "a parent is not a folder",
+                errno.EFBIG: "file size limit exceeded (ulimit -f)"}
 
 
 def describe_os_error(e: OSError) -> str:
     """One line for an OSError from writing or reading a file: what happened, to which file, what to do."""
     where = f" {e.filename!r}" if e.filename else ""
     what = _DISK_ERRORS.get(e.errno or -1, e.strerror or str(e))
-    fix = {errno.ENOSPC: "free some space or choose another output location (partial files were removed)",
-           errno.EDQUOT: "free some space or choose another output location (partial files were removed)"}.get(
+    full = "free some space or choose another output location (partial files were removed)"
+    fix = {errno.ENOSPC: full, errno.EDQUOT: full,
+           errno.EFBIG: "raise the file size limit or choose another output location (partial files were removed)"}.get(
         e.errno or -1, "check the path and its permissions")
     return f"{what}:{where}; {fix}"
 

@@ -57,7 +57,42 @@ class LLaDAConfig:
         "block_group_size": (1,), "multi_query_attention": (None, False),
     }
 
+    # (field, lowest, highest) for the integer sizes: beyond these no model fits any machine.
+    INT_RANGES = (("d_model", 1, 2**16), ("n_layers", 1, 2**12), ("n_heads", 1, 2**12), ("vocab_size", 1, 2**24),
+                  ("n_kv_heads", 1, 2**12), ("mlp_hidden_size", 1, 2**20), ("mlp_ratio", 1, 2**8),
+                  ("embedding_size", 1, 2**24), ("max_sequence_length", 1, 2**24))
+    BOOLS = ("weight_tying", "include_bias", "include_qkv_bias")
+    TOKEN_IDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id", "eot_token_id")
+
+    def _validate(self) -> None:
+        """Every field's type and range, so a damaged config.json is one error naming the field, not a traceback
+        (or a silently different model: a NaN rope_theta, a token id past the vocabulary)."""
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for name, lo, hi in self.INT_RANGES:
+            v = getattr(self, name)
+            if v is None and name in ("n_kv_heads", "mlp_hidden_size", "embedding_size"):
+                continue
+            if not is_int(v) or not lo <= v <= hi:
+                raise ValueError(f"{name}={v!r} must be an integer in [{lo}, {hi}]")
+        for name in self.BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+        for name, hi in (("rope_theta", 1e12), ("rms_norm_eps", 1.0)):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= hi):  # NaN fails too
+                raise ValueError(f"{name}={v!r} must be a finite number in (0, {hi:g}]")
+        for name in self.TOKEN_IDS:
+            v = getattr(self, name)
+            if v is not None and (not is_int(v) or not 0 <= v < self.vocab_size):
+                raise ValueError(f"{name}={v!r} is outside the vocabulary: it must be a token id in "
+                                 f"[0, vocab_size={self.vocab_size})")
+        if self.embedding_size is not None and self.embedding_size < self.vocab_size:
+            raise ValueError(f"embedding_size={self.embedding_size} is smaller than vocab_size={self.vocab_size}")
+
     def __post_init__(self) -> None:
+        self._validate()
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.embedding_size is None:
@@ -86,7 +121,10 @@ class LLaDAConfig:
             if k in data and data[k] not in allowed:
                 raise CheckpointError(f"{where}: {k}={data[k]!r} is not supported (supported: {list(allowed)})")
         kwargs = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            raise CheckpointError(f"{where}: {e}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -310,6 +348,9 @@ class LLaDABackbone(Backbone):
         state = read_tensors(path, expected, dtype=dtype, device=device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         for k, v in state.items():
+            if not v.is_floating_point():
+                raise CheckpointError(f"{files[k]}: tensor {k} is {str(v.dtype).removeprefix('torch.')}; model weights "
+                                      f"must be floating point (float32, bfloat16 or float16)")
             want = shapes[k]
             if tuple(v.shape) != tuple(want):
                 raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(want)}")

@@ -32,16 +32,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
-from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, copy_tokenizer_files, \
-    write_safetensors
+from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, check_safetensors_header, \
+    checkpoint_files, copy_tokenizer_files, save_tensors_file, write_safetensors
+from ..errors import CheckpointError
 from ..utils import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
 
-__all__ = ["FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "RunParts", "RunProgress", "capture_rng",
+__all__ = ["APPLIED_ON_RESUME", "BOOKKEEPING", "USED_AS_GIVEN", "apply_changed_settings", "check_checkpoint",
+           "intact_checkpoints", "resume_changes",
+           "FORMAT_VERSION", "TRAINER_STATE", "TOKENIZER_FILES", "RunParts", "RunProgress", "capture_rng",
            "checkpoint_dir", "commit_dir", "flatten_tree", "is_complete", "latest_checkpoint", "link_model_files",
            "list_checkpoints", "load_run", "load_tree", "restore_rng", "rotate_checkpoints", "save_run", "save_tree",
            "truncate_metrics", "unflatten_tree", "write_model_files"]
@@ -107,7 +110,7 @@ def save_tree(obj: Any, folder: str | Path, name: str) -> None:
     folder = Path(folder)
     skeleton, tensors = flatten_tree(obj)
     if tensors:
-        save_file(tensors, str(folder / f"{name}.safetensors"), metadata={"format": "pt"})
+        save_tensors_file(tensors, folder / f"{name}.safetensors")
     atomic_write_text(folder / f"{name}.json", json.dumps(skeleton))
 
 
@@ -170,12 +173,110 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def rotate_checkpoints(output_dir: str | Path, keep_last: int | None, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (never `protect`). Returns the deleted folders."""
+def _check_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {str(path)!r} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{what} {str(path)!r} is not valid JSON ({e}); the checkpoint is damaged") from None
+
+
+def check_checkpoint(folder: str | Path) -> dict:
+    """Read every small file of a training checkpoint and check every safetensors header (sizes included) without
+    loading tensors; raise CheckpointError naming the first damaged file. Returns the parsed state.json."""
+    folder = Path(folder)
+    sd = folder / TRAINER_STATE
+    state = _check_json(sd / STATE_FILE, "trainer state")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or not isinstance(
+            state.get("world_size"), int) or not isinstance(state.get("param_groups"), list):
+        raise CheckpointError(f"trainer state {str(sd / STATE_FILE)!r} lacks an integer 'step' / 'world_size' or "
+                              f"the 'param_groups' list; the checkpoint is damaged")
+    for name in ("train_config.json", "scheduler.json"):
+        if not isinstance(_check_json(sd / name, "trainer state"), dict):
+            raise CheckpointError(f"trainer state {str(sd / name)!r} must hold a JSON object; the checkpoint is damaged")
+    if not state.get("deepspeed"):
+        _check_json(sd / "optimizer.json", "optimizer state")
+    for r in range(state["world_size"]):
+        _check_json(sd / f"rank-{r}.json", "per-process state")
+    for st in sorted(sd.glob("*.safetensors")):
+        check_safetensors_header(st)
+    _check_json(folder / "config.json", "model config")
+    for path in sorted(set(checkpoint_files(folder).values())):
+        check_safetensors_header(path)
+    return state
+
+
+def intact_checkpoints(output_dir: str | Path) -> tuple[list[tuple[int, Path]], list[tuple[Path, str]]]:
+    """(intact complete checkpoints oldest first, [(damaged checkpoint, why)])."""
+    good, bad = [], []
+    for step, p in list_checkpoints(output_dir):
+        try:
+            check_checkpoint(p)
+        except (CheckpointError, OSError) as e:
+            bad.append((p, str(e)))
+        else:
+            good.append((step, p))
+    return good, bad
+
+
+# -- what a resumed run may change -----------------------------------------------------------------------------------
+APPLIED_ON_RESUME = ("lr", "converter_lr_mult", "warmup_steps", "weight_decay", "betas", "eps")
+"""Settings restored from the checkpoint's optimizer/scheduler state that a resumed run re-applies when they
+changed (`apply_changed_settings`), from the first update after the checkpoint."""
+USED_AS_GIVEN = ("max_grad_norm", "mixed_precision", "gradient_checkpointing", "ddp_find_unused_parameters")
+"""Settings read afresh every update or at setup (never restored), so a change takes effect by itself."""
+BOOKKEEPING = ("resume", "max_steps", "output_dir", "save_every", "keep_last", "save_final", "log_every", "eval_every",
+               "eval_batches", "eval_snrs", "logging", "project_name", "progress", "world_size")
+"""How long, where and how often to save, log and evaluate: free to change."""
+
+
+def resume_changes(folder: Path, config: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings a run resumed from `folder` changes, {name: (old, new)}; ConfigError (before any loading)
+    listing every changed setting that cannot change mid-run (model, objective, data, seed, ...)."""
+    from ..config import ConfigError
+
+    old = _check_json(folder / TRAINER_STATE / "train_config.json", "trainer state")
+    new = json.loads(config.to_json())
+    # A setting the checkpoint's version did not record yet cannot be compared (it had its default then).
+    changed = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v and k not in BOOKKEEPING}
+    fixed = sorted(k for k in changed if k not in APPLIED_ON_RESUME + USED_AS_GIVEN)
+    if fixed:
+        shown = "; ".join(f"{k} ({json.dumps(changed[k][0])} -> {json.dumps(changed[k][1])})" for k in fixed)
+        raise ConfigError(f"cannot resume {str(folder)!r} with changed settings that cannot change mid-run: {shown}; "
+                          f"set them back, or start a new run (resume=null, a new output_dir)")
+    return changed
+
+
+def apply_changed_settings(backend: Any, config: Any, fresh: list[dict], changed: dict[str, tuple[Any, Any]]) -> None:
+    """Re-apply the `APPLIED_ON_RESUME` settings the checkpoint's optimizer/scheduler state just overwrote:
+    `fresh` holds each parameter group's base lr, weight decay, betas and eps as this run's config builds them."""
+    if not any(k in APPLIED_ON_RESUME for k in changed):
+        return  # nothing to do: the restored state is bit-identical to the uninterrupted run's
+    opt, sched = backend.optimizer, backend.scheduler
+    sched = getattr(sched, "scheduler", sched)  # accelerate's wrapper around the torch LambdaLR
+    if len(fresh) != len(opt.param_groups):
+        raise RuntimeError("optimizer parameter groups changed while resuming")
+    from .optim import lr_lambda
+
+    sched.lr_lambdas = [lr_lambda(config.warmup_steps) for _ in opt.param_groups]
+    sched.base_lrs = [g["initial_lr"] for g in fresh]
+    for group, f, base, lam in zip(opt.param_groups, fresh, sched.base_lrs, sched.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * lam(sched.last_epoch)
+        for k in ("weight_decay", "betas", "eps"):
+            group[k] = f[k]
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
+def rotate_checkpoints(output_dir: str | Path, keep_last: int | None, protect: Path | None | list = None) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (never those in `protect`: one path or a list).
+    Returns the deleted folders."""
     if not keep_last:
         return []
     found = list_checkpoints(output_dir)
-    doomed = [p for _, p in found[:-keep_last] if protect is None or p.resolve() != protect.resolve()]
+    kept = {Path(p).resolve() for p in ([] if protect is None else protect if isinstance(protect, list) else [protect])}
+    doomed = [p for _, p in found[:-keep_last] if p.resolve() not in kept]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
@@ -261,6 +362,8 @@ class RunParts:
     """Folder whose tokenizer files are copied into every checkpoint."""
     tokenizer_to_save: Any = None
     """Otherwise a tokenizer object whose `save_pretrained` files go into every checkpoint."""
+    protect: tuple[Path, ...] = ()
+    """Checkpoints rotation never deletes (an explicit resume source)."""
 
     @property
     def main(self) -> bool:
@@ -275,6 +378,8 @@ class RunProgress:
     tokens_seen: int = 0
     log_window: dict | None = None
     """This process's `LogWindow.state_dict()` (None in checkpoints written before it was saved)."""
+    changed: dict | None = None
+    """On resume: the settings this run changed, {name: (old, new)}, applied from the next update."""
 
 
 def save_run(run: RunParts, progress: RunProgress) -> Path:
@@ -287,6 +392,25 @@ def save_run(run: RunParts, progress: RunProgress) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         state_dir.mkdir(parents=True)
     acc.wait_for_everyone()
+    try:
+        _write_run(run, progress, tmp, state_dir)
+    except BaseException as e:
+        # A full disk (or any error) while writing: the temp folder goes, the previous checkpoints stay intact.
+        if run.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            raise OSError(e.errno, e.strerror or str(e), str(final)) from None
+        raise
+    acc.wait_for_everyone()
+    if run.main:
+        commit_dir(tmp, final)
+        rotate_checkpoints(run.output_dir, c.keep_last, protect=[final, *run.protect])
+    acc.wait_for_everyone()
+    return final
+
+
+def _write_run(run: RunParts, progress: RunProgress, tmp: Path, state_dir: Path) -> None:
+    c, step = run.config, progress.step
     weights = run.backend.model_weights(run.model, run.is_dsl, run.main)
     run.backend.save_optimizer(state_dir, run.main)
     if run.main:
@@ -305,12 +429,6 @@ def save_run(run: RunParts, progress: RunProgress) -> Path:
             "sharded": name == "fsdp2", "deepspeed": name == "deepspeed"}, indent=2))
     save_tree({"rng": capture_rng({"objective": run.generator}), "data": run.dataset.state_dict(),
                "log_window": progress.log_window}, state_dir, f"rank-{run.rank}")
-    acc.wait_for_everyone()
-    if run.main:
-        commit_dir(tmp, final)
-        rotate_checkpoints(run.output_dir, c.keep_last, protect=final)
-    acc.wait_for_everyone()
-    return final
 
 
 def load_run(run: RunParts, folder: Path) -> RunProgress:
@@ -330,17 +448,17 @@ def load_run(run: RunParts, folder: Path) -> RunProgress:
     if saved != now:
         raise ConfigError(f"{folder}: optimizer parameter groups differ from this run (saved {saved}, now {now}); keep "
                           f"the freeze_* options and converter_lr_mode of the original run")
-    old = json.loads((state_dir / "train_config.json").read_text())
-    diff = sorted(k for k, v in run.config.to_dict().items() if old.get(k) != v and k not in ("resume", "max_steps"))
-    if diff and run.main:
-        logger.warning("resuming %s with changed settings: %s", folder, diff)
+    changed = resume_changes(folder, run.config)
+    opt = run.backend.optimizer
+    fresh = [{k: g.get(k) for k in ("initial_lr", "weight_decay", "betas", "eps")} for g in opt.param_groups]
     run.backend.load_optimizer(state_dir, run.main)
     run.backend.scheduler.load_state_dict(json.loads((state_dir / "scheduler.json").read_text()))
+    apply_changed_settings(run.backend, run.config, fresh, changed)
     mine = load_tree(state_dir, f"rank-{run.rank}")
     restore_rng(mine["rng"], {"objective": run.generator})
     run.dataset.load_state_dict(mine["data"])
     return RunProgress(step=int(state["step"]), tokens_seen=int(state.get("tokens_seen", 0)),
-                       log_window=mine.get("log_window"))
+                       log_window=mine.get("log_window"), changed=changed)
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -24,7 +24,8 @@ multi-process (one process per GPU; the script asserts world_size when it is set
   accelerate launch --config_file configs/ddp.yaml -m dsl_llada train --config ...
   accelerate launch --config_file configs/deepspeed_zero2.yaml -m dsl_llada train --config configs/paper-8b.yaml ...
   accelerate launch --config_file configs/fsdp.yaml -m dsl_llada train --config ...
-exit codes: 0 done, 2 bad configuration or data, 3 training diverged (non-finite loss; last good checkpoint kept)
+exit codes: 0 done, 2 bad configuration or data (or output_dir in use by another run),
+  3 training diverged (non-finite loss; last good checkpoint kept)
 """
 
 
@@ -34,6 +35,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted TrainConfig overrides (see below)")
     p.add_argument("--print-config", action="store_true", help="print the resolved TrainConfig as JSON and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true",
+                   help="resume=CHECKPOINT older than output_dir's newest checkpoint: discard the later checkpoints "
+                        "(without it such a resume is refused; branch into a new output_dir instead)")
     p.set_defaults(func=run_train)
     return p
 
@@ -64,15 +68,21 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json())
         return 0
+    import contextlib
+    import os
+
+    from ..locks import output_lock
     from ..outputs import prepare_output_dir
 
-    prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
-    try:
-        result = train(config)
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    import os
+    # One writer per run folder: the main process holds the lock for the whole run, before anything is written.
+    lock = output_lock(config.output_dir, what="output_dir") if os_rank() == 0 else contextlib.nullcontext()
+    with lock:
+        prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
+        try:
+            result = train(config, overwrite=args.overwrite)
+        except TrainingDiverged as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
 
     if os.environ.get("RANK", "0") == "0":
         last = result.losses[result.final_step] if result.final_step in result.losses else None

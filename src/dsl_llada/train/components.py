@@ -178,7 +178,7 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
                           "has no tokenizer files)")
     from ..loading import load_tokenizer
 
-    return load_tokenizer(folder), folder
+    return load_tokenizer(folder, chat_template=False), folder
 
 
 def tokenizer_for_checkpoints(config: TrainConfig, tokenizer: Any, tokenizer_dir: Path | None, special: SpecialTokens,

@@ -53,6 +53,14 @@ def read_file(path: str, txt_documents: str) -> Iterator[tuple[Any, str]]:
                 yield rec, f"{path} row {row}"
                 row += 1
         return
+    try:
+        yield from _read_text_file(path, ext, txt_documents)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}: {e.reason}); convert the "
+                         f"file to UTF-8") from None
+
+
+def _read_text_file(path: str, ext: str, txt_documents: str) -> Iterator[tuple[Any, str]]:
     with open(path, encoding="utf-8") as f:
         if ext == ".jsonl":
             for lineno, line in enumerate(f, 1):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ logger = logging.getLogger("dsl_llada.train")
 __all__ = ["METRICS_FILE", "ObjectiveModule", "TrainResult", "Trainer", "TrainingDiverged", "load_training_model", "train"]
 
 PREFIX = ckpt.MODEL_PREFIX  # parameter names inside ObjectiveModule
+HISTORY_FILE = "history.jsonl"
+"""One line per resume of the run: the checkpoint, its step, the changed settings and the step they apply from."""
 
 
 class TrainingDiverged(FloatingPointError):
@@ -86,30 +90,65 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, model: nn.Module | None = None, tokenizer: Any = None,
                  texts: Iterable[Any] | None = None, objective: Callable[..., ObjectiveOutput] | None = None,
-                 on_step: Callable[[int, dict], None] | None = None):
+                 on_step: Callable[[int, dict], None] | None = None, overwrite: bool = False):
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         self.config, self._model_arg, self._tokenizer_arg = config, model, tokenizer
         self._texts = None if texts is None else list(texts)
         self._objective_arg, self.on_step = objective, on_step
         self.output_dir = Path(config.output_dir)
+        self.overwrite = overwrite
+        """Resuming from a checkpoint older than output_dir's newest discards the later ones (else refused)."""
 
     # ---------------------------------------------------------------------------------------------- setup
     def _resume_point(self) -> Path | None:
+        """The checkpoint to resume from, checked before anything is loaded: intact (`resume='auto'` skips damaged
+        ones, naming them), not older than the run's newest unless `overwrite`, and its settings compatible
+        (`checkpointing.resume_changes`)."""
         c = self.config
+        self.branch_discards: list[Path] = []
+        self.damaged_aside: list[Path] = []
+        self.resume_changed: dict = {}
         if c.resume == "auto":
-            return ckpt.latest_checkpoint(self.output_dir)
+            good, bad = ckpt.intact_checkpoints(self.output_dir)
+            newest_ok = good[-1][0] if good else -1
+            for p, why in bad:
+                step = int(p.name.rsplit("-", 1)[1])
+                if step > newest_ok:
+                    logger.warning("skipping damaged checkpoint %s: %s", p, why)
+            if not good:
+                if bad:
+                    raise ConfigError(f"resume='auto': every checkpoint in output_dir={str(self.output_dir)!r} is "
+                                      f"damaged (newest: {bad[-1][1]}); resume from a copy, or start a new run")
+                return None
+            # A damaged checkpoint newer than the resumed one must not pass for the run's newest later on (nor
+            # make rotation delete intact ones): it is renamed aside, never deleted.
+            self.damaged_aside = [p for p, _ in bad if int(p.name.rsplit("-", 1)[1]) > newest_ok]
+            return self._checked(good[-1][1])
         if c.resume:
             p = Path(c.resume)
             if not ckpt.is_complete(p):
                 raise FileNotFoundError(f"resume={c.resume!r} is not a complete training checkpoint (no "
                                         f"{ckpt.TRAINER_STATE}/{ckpt.STATE_FILE})")
-            return p
+            step = ckpt.check_checkpoint(p)["step"]
+            later = [q for s, q in ckpt.list_checkpoints(self.output_dir) if s > step]
+            if later and not self.overwrite:
+                raise ConfigError(f"resume={c.resume!r} (step {step}) is older than the newest checkpoint of "
+                                  f"output_dir={str(self.output_dir)!r} ({later[-1].name}); continuing there would "
+                                  f"replace or delete checkpoints {', '.join(q.name for q in later)} — set output_dir "
+                                  f"to a new folder to branch from step {step} (the checkpoint is only read), or pass "
+                                  f"--overwrite to discard the later checkpoints")
+            self.branch_discards = later
+            return self._checked(p)
         found = ckpt.list_checkpoints(self.output_dir)
         if found:
             raise ConfigError(f"output_dir={str(self.output_dir)!r} already holds checkpoints (newest: {found[-1][1].name}); "
                               f"set resume='auto' to continue that run, or choose another output_dir")
         return None
+
+    def _checked(self, folder: Path) -> Path:
+        self.resume_changed = ckpt.resume_changes(folder, self.config)
+        return folder
 
     def _setup(self) -> None:
         c = self.config
@@ -145,7 +184,8 @@ class Trainer:
             model=self.module.model, is_dsl=self.is_dsl, dataset=self.loader.dataset, generator=self.generator,
             group_info=self.group_info, tokenizer_dir=self.tokenizer_dir,
             tokenizer_to_save=tokenizer_for_checkpoints(c, tok, self.tokenizer_dir, self.special, self.vocab_size)
-            if self.main else None)
+            if self.main else None,
+            protect=(self.resume_from,) if self.resume_from is not None and c.resume != "auto" else ())
 
     def _load_model(self) -> nn.Module:
         """The model to train (from the resume checkpoint, the `model` argument or `init_from`), frozen as configured."""
@@ -327,8 +367,24 @@ class Trainer:
             self.last_checkpoint, self.last_saved_step = self.resume_from, start
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            for p in sorted(self.output_dir.glob(".checkpoint-*.tmp")) + sorted(self.output_dir.glob(".checkpoint-*.old")) \
+                    + sorted(self.output_dir.glob(".final.*")):
+                if p.is_dir() and not p.is_symlink():  # left by a run killed while saving (this run holds the lock)
+                    logger.warning("removing %s, a temp folder left by an interrupted save", p)
+                    shutil.rmtree(p)
+            for p in self.branch_discards:  # --overwrite: the checkpoints after the one this run branches from
+                logger.warning("removing %s (--overwrite: newer than the checkpoint this run resumes from)", p)
+                shutil.rmtree(p)
+            for p in self.damaged_aside:
+                aside, n = p.with_name(f"damaged-{p.name}"), 1
+                while aside.exists():
+                    n += 1
+                    aside = p.with_name(f"damaged-{p.name}.{n}")
+                logger.warning("renaming the damaged %s to %s (kept for inspection; never resumed from)", p, aside.name)
+                os.replace(p, aside)
             if start:
                 ckpt.truncate_metrics(self.output_dir / METRICS_FILE, start)
+                self._record_resume(start)
             else:
                 (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
             atomic_write_text(self.output_dir / "train_config.json", c.to_json() + "\n")
@@ -340,6 +396,18 @@ class Trainer:
         if self.acc.log_with and self.main:
             self.acc.init_trackers(c.project_name, config=flat_config(c.to_dict()))
         return start
+
+    def _record_resume(self, start: int) -> None:
+        """Log the resume and append it to the run's history (`history.jsonl`) with the settings it changed and the
+        first update that uses them, so `train_config.json` (this run's settings) never claims a value not used."""
+        changed = {k: {"old": a, "new": b} for k, (a, b) in sorted(self.resume_changed.items())}
+        if changed:
+            logger.warning("resuming from %s at step %d with changed settings, applied from step %d: %s",
+                           self.resume_from, start, start + 1,
+                           "; ".join(f"{k} {v['old']} -> {v['new']}" for k, v in changed.items()))
+        append_record(self.output_dir / HISTORY_FILE, {"event": "resume", "from": str(self.resume_from),
+                                                       "step": start, "effective_from_step": start + 1,
+                                                       "changed": changed})
 
     def _progress_bar(self, start: int):
         c = self.config
