@@ -2,7 +2,7 @@
 
 efficiency = pure sampler time / eval time (wall clock, and CPU time of the process, which a machine shared with
 other jobs disturbs far less), for the same work items (same prompts, same batches, same
-per-row generators): the pure side encodes the prompts and calls `run_sampler` batch by batch; the eval side is
+per-row generators): the pure side encodes the prompts and calls the batch runner's `run_batch` batch by batch; the eval side is
 `run_eval` on a fresh folder (data reading, planning, tokenisation, batching, record building and the fsynced
 JSONL appends, merge; report off). Both include loading the model folders once. Target >= 0.95.
 
@@ -65,8 +65,7 @@ def pure_sampler(cfg) -> tuple[float, float]:
     """The same batches as the runner's plan, straight through the sampler (model load included)."""
     from dsl_llada.eval import models as M
     from dsl_llada.eval.runner import build_plan
-    from dsl_llada.generation import run_sampler
-    from dsl_llada.sampling.common import PromptBatch
+    from dsl_llada.sampling.batches import run_batch
 
     t0, c0 = time.perf_counter(), time.process_time()
     toks = {m.name: M.load_tokenizer_for(m) for m in cfg.models}
@@ -75,10 +74,8 @@ def pure_sampler(cfg) -> tuple[float, float]:
     for b in plan.batches:
         lm = loaded[b.model]
         ids = [plan.prompt_ids[(b.task, b.dataset, b.model, s.id)] for s in b.samples]
-        batch = PromptBatch.from_lists(ids, pad_id=lm.model.special.pad_id)
-        gens = [torch.Generator().manual_seed(b.seed + s.index) for s in b.samples]
         with torch.no_grad():
-            run_sampler(lm.model, batch, b.choice, generator=gens)
+            run_batch(lm.model, ids, getattr(b.choice, "config", b.choice), [b.seed + s.index for s in b.samples])
     return time.perf_counter() - t0, time.process_time() - c0
 
 

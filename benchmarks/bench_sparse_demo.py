@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_line, write_section
 
-from dsl_llada.generation import sample_in_batches
+from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.evaluate import PAPER_METHODS, aggregate, score_record
 from dsl_llada.toy.tasks import render_prompt
@@ -51,9 +51,9 @@ def main() -> None:
                 sc = exact_cfg.replace(converter_tolerance=tol)
                 t = time.perf_counter()
                 ids = []
-                for _, out in sample_in_batches(dsl, prompt_ids, sc, batch_size=cfg.batch_size,
-                                                seed_of=lambda i: cfg.seed * 100_003 + i):
-                    ids += out.ids.tolist()
+                for batch in run_batches(dsl, prompt_ids, sc, batch_size=cfg.batch_size, retry=False,
+                                         seed_of=lambda i: cfg.seed * 100_003 + i):
+                    ids += [r.ids for r in batch]
                 secs = time.perf_counter() - t
                 recs = [score_record(demo.world, evals[i], demo.tok.decode(x, skip_special_tokens=False),
                                      method=method.name, nfe=nfe, seed=None, index=i, forward_passes=0)

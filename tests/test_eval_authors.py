@@ -210,3 +210,31 @@ def test_judge_parse_authors_known_outputs():
     assert parse_reply(text.replace('"tie"', '"Tie"'), "authors") is None  # exact verdict spelling
     assert parse_reply('{"overall": "A"} {"overall": "B"}', "authors") is None  # greedy span is not one object
     assert parse_reply('x {"overall": "B", "a": {"factuality": 2}} y', "authors")["overall"] == "B"
+
+
+def test_reasoning_task_scores_each_mode_with_its_own_gold():
+    """MATH golds taken from `solution`: each mode extracts its own; GSM8K golds with '####' likewise."""
+    import json as _json
+
+    from eval_fixtures import data_dir
+
+    from dsl_llada.eval.config import DatasetSpec
+    from dsl_llada.eval.tasks.reasoning import ReasoningTask
+
+    d = data_dir()
+    task = ReasoningTask()
+    ds = DatasetSpec(name="math500", path=str(d / "math500_test.jsonl"), kind="math", fields={"gold": "solution"})
+    samples = task.samples(ds, {})
+    answers = [_json.loads(x)["answer"] for x in (d / "math500_test.jsonl").read_text().splitlines() if x.strip()]
+    assert len(samples) == 500
+    assert sum(s.info["gold_authors"] == a for s, a in zip(samples, answers)) == 500  # §5.8: nested-brace aware
+    deep = [s for s in samples if A.extract_math("\\boxed{" + s.info["gold"] + "}", "authors") == ""]
+    assert len(deep) == 5  # golds with two brace levels: only the prediction side fails on them
+    for s in deep:
+        m = task.item_metrics(s.info, "so \\boxed{" + s.info["gold"] + "}", "authors")
+        assert m["correct"] is True and m["correct_authors"] is False
+    gsm = DatasetSpec(name="gsm8k", path=str(d / "gsm8k_test.jsonl"), kind="gsm8k", limit=3)
+    for s in task.samples(gsm, {}):
+        gold = s.info["gold_authors"].split("####")[-1].strip()
+        m = task.item_metrics(s.info, f"#### {gold}", "authors")
+        assert m["correct"] and m["correct_authors"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,8 @@ def test_cli_help_and_error_exit(models, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["eval", "run", "--help"])
     out = capsys.readouterr().out
-    for opt in ("--config", "--out", "--overwrite", "--new-run", "--no-report", "KEY=VALUE", "accelerate launch"):
+    for opt in ("--config", "--out", "--overwrite", "--new-run", "--no-report", "KEY=VALUE", "accelerate launch",
+                "--max-error-rate", "exit codes: 0 done, 1 more than --max-error-rate"):
         assert opt in out
     with pytest.raises(SystemExit):
         main(["eval", "report", "--help"])
@@ -167,7 +169,7 @@ def test_tokenizer_without_the_mask_id(models, tmp_path):
         run_eval(EvalConfig.from_dict(d), tmp_path / "run", progress=False)
 
 
-def test_disk_full_keeps_earlier_records(tmp_path):
+def test_disk_full_keeps_earlier_records(tmp_path, monkeypatch):
     """A write that fails half-way (ENOSPC) leaves the shard ending on the last complete record."""
     import errno
 
@@ -176,21 +178,18 @@ def test_disk_full_keeps_earlier_records(tmp_path):
     w = ShardWriter(tmp_path / "rank-0.jsonl")
     w.write_many([{"key": "a", "v": 1}, {"key": "b", "v": 2}])
 
-    class Full:
-        def __init__(self, f):
-            self.f = f
+    import dsl_llada.jsonl_log as jsonl_log_mod
 
-        def write(self, buf):
-            self.f.write(buf[: len(buf) // 2])
-            self.f.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
+    real = jsonl_log_mod._write_all
 
-        def __getattr__(self, name):
-            return getattr(self.f, name)
+    def half_then_full(fd, data):  # half the batch reaches the disk, then it is full
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    w.f = Full(w.f)
+    monkeypatch.setattr(jsonl_log_mod, "_write_all", half_then_full)
     with pytest.raises(OSError, match="No space left"):
         w.write_many([{"key": "c", "v": 3}, {"key": "d", "v": 4}])
+    monkeypatch.setattr(jsonl_log_mod, "_write_all", real)
     w.write_many([{"key": "e", "v": 5}])
     w.close()
     assert [r["key"] for r in iter_lines(tmp_path / "rank-0.jsonl")] == ["a", "b", "e"]

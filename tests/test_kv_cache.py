@@ -202,7 +202,7 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     def no_sampling(*a, **k):
         raise AssertionError("a finished frontier must not sample again")
 
-    monkeypatch.setattr(cache_frontier, "sample_in_batches", no_sampling)
+    monkeypatch.setattr(cache_frontier, "run_batches", no_sampling)
     again = _micro_demo(tmp_path).cache_frontier(fc)
     assert [r["seconds_per_sample"] for r in again] == [r["seconds_per_sample"] for r in rows]
 

@@ -130,3 +130,13 @@ def test_train_and_eval_are_siblings(package, sibling):
         if bad:
             crossing[str(path.relative_to(SRC))] = bad
     assert crossing == {}
+
+
+@pytest.mark.parametrize("module", ["cli.py", "serve/schemas.py", "eval/methods.py", "eval/lmeval.py", "toy/evaluate.py"])
+def test_entry_points_build_sampler_configs_through_the_registry(module):
+    """No entry point constructs a sampler config itself: each calls the registry's one parser."""
+    tree = ast.parse((SRC / module).read_text())
+    calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+             for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "sampler_config" in calls
+    assert not calls & {"SDEConfig", "RemaskConfig"}

@@ -68,12 +68,13 @@ def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .generation import NonFiniteLogitsError, generate
-    from .loading import (check_device, check_prompt_lengths, check_prompt_texts, context_limit, default_device, encode_prompt, load_model,
-                          load_tokenizer, parse_dtype, read_prompts)
+    from .loading import check_device, check_prompt_texts, default_device, parse_dtype, read_prompts
     from .records import RecordFile
 
     config = _sampler_config(a)
+    if not (0.0 <= a.max_error_rate <= 1.0):  # NaN fails too
+        raise ValueError(f"--max-error-rate {a.max_error_rate!r} must be a fraction in [0, 1] (0 = every prompt "
+                         f"must succeed)")
     prompts = list(a.prompt or [])
     if a.prompts_file:
         prompts += read_prompts(a.prompts_file, a.prompt_field)
@@ -91,9 +92,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
     dtype = str(parse_dtype(a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))).removeprefix("torch.")
     a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
     out = None
-    if a.output:  # checked before the model is loaded: nothing is written yet
+    if a.output:  # locked and checked before the model is loaded: nothing is written yet
         out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
                               protect=(a.prompts_file,))
+    try:
+        return _run_generate(a, config, prompts, dtype, device, out)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str, out) -> int:
+    from .generation import NonFiniteLogitsError, generate
+    from .loading import check_prompt_lengths, context_limit, encode_prompt, load_model, load_tokenizer, parse_dtype
+
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
     tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
@@ -107,37 +119,53 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(json.dumps({"index": r["index"], **({"error": r["error"]} if "error" in r else {"response": r["response"]})},
                              ensure_ascii=False), flush=True)
 
+    skip: set[int] = set()
     if out is not None:
         out.begin()
+        skip = out.finished
+        retry = len(out.done) - len(skip)
         if out.done:
-            print(f"resuming {a.output}: {len(out.done)} of {len(prompts)} prompts already done", file=sys.stderr)
+            print(f"resuming {a.output}: {len(skip)} of {len(prompts)} prompts already done"
+                  + (f"; retrying {retry} that failed before" if retry else ""), file=sys.stderr)
     try:
         records = generate(model, tok, prompts, config, batch_size=a.batch_size, seed=a.seed,
                            chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
-                           skip=out.done if out is not None else (), on_batch=show)
+                           skip=skip, on_batch=show)
     except KeyboardInterrupt:
         if out is not None:
             out.close()
-            print(f"interrupted; {len(out.done)} of {len(prompts)} records are saved in {a.output} (every finished "
-                  f"batch); run the same command again to continue", file=sys.stderr)
+            print(f"interrupted; {len(out.finished)} of {len(prompts)} records are saved in {a.output} (every "
+                  f"finished batch); run the same command again to continue", file=sys.stderr)
         else:
             print("interrupted; without --output nothing was saved (the records printed above are all there is)",
                   file=sys.stderr)
         return 130
     except NonFiniteLogitsError as e:
-        raise ValueError(f"model {a.model!r}: {e}; check its model.safetensors (re-convert, or use an earlier "
-                         f"checkpoint)") from None
-    finally:
-        if out is not None:
-            out.close()
+        raise ValueError(f"model {a.model!r}: non-finite numbers: {e}; check its model.safetensors (re-convert, or "
+                         f"use an earlier checkpoint)") from None
     if out is not None:
         out.finish(len(prompts))
-        n_err = sum(1 for r in out.done.values() if "error" in r)
-        if n_err:
-            print(f"warning: {n_err} prompt(s) failed; their records in {a.output} carry an 'error' field",
-                  file=sys.stderr)
-    elif any("error" in r for r in records):
-        print(f"warning: {sum('error' in r for r in records)} prompt(s) failed (see their 'error')", file=sys.stderr)
+        final = [out.done[i] for i in range(len(prompts))]
+    else:
+        final = records
+    return _generate_summary(final, len(prompts), a.max_error_rate, a.output)
+
+
+def _generate_summary(records: list[dict], n: int, max_error_rate: float, output: str | None) -> int:
+    """One summary line on stderr; exit 1 when the share of failed prompts exceeds --max-error-rate."""
+    failed = [r for r in records if "error" in r]
+    where = f" in {output}" if output else ""
+    if not failed:
+        print(f"done: {n} of {n} prompts generated{where}", file=sys.stderr)
+        return 0
+    first = failed[0]
+    print(f"done: {n - len(failed)} of {n} prompts generated, {len(failed)} failed{where} (their records carry an "
+          f"'error' field; first: prompt {first['index']}: {first['error']}); rerun the same command to retry them",
+          file=sys.stderr)
+    if len(failed) > max_error_rate * n:
+        print(f"error: {len(failed)} of {n} prompts failed ({len(failed) / n:.1%}), more than --max-error-rate "
+              f"{max_error_rate:g} allows", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -217,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     gx.add_argument("--overwrite", action="store_true", help="replace an existing --output instead of resuming it")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bf16 on GPU, fp32 on CPU)")
+    g.add_argument("--max-error-rate", type=float, default=0.0, metavar="FRACTION",
+                   help="exit 0 even though up to this fraction of the prompts failed (default 0: any failed prompt "
+                        "makes the exit code 1; failed prompts are retried by the next run)")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(g)
     g.set_defaults(func=cmd_generate)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import ConfigError
-from .snr import ScheduleName, check_schedule
+from .snr import ScheduleName, check_schedule, snr_schedule
 from .utils import atomic_write_text
 
 C = TypeVar("C", bound="ConfigBase")
@@ -52,6 +52,52 @@ def read_config_file(path: str | Path, what: str) -> dict[str, Any]:
 
 def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     _check(value in allowed, f"{name}={value!r} is not valid; expected one of {list(allowed)}")
+
+
+# -- numeric bounds of the sampler settings ------------------------------------------------------------------------
+# Each bound below is derived from the arithmetic it protects (the samplers' states, logits and guidance run in
+# float32; the Gumbel-max proposal in float64). `docs/reliability.md` lists them with their reasons.
+FP32_MAX = 3.4028234663852886e38
+"""Largest finite float32."""
+FP32_TINY = 1.1754943508222875e-38
+"""Smallest normal float32: the samplers flush denormals, so a smaller SNR becomes 0 and 1/gamma infinite."""
+FP32_EPS = 1.1920928955078125e-07
+"""float32 machine epsilon, 2^-23."""
+FP64_MAX = 1.7976931348623157e308
+MAX_HEUN_RATIO = 1.0 / FP32_EPS
+"""Largest gamma_{s+1}/gamma_s of one Heun step: the corrector's v_s + v_e cancels two terms of size |ê - y|/gamma_s
+down to a remainder of size 1/gamma_{s+1}; fp32 rounds those terms to within eps/gamma_s, so past a ratio of
+1/eps (2^23) the rounding error exceeds the step's result and the schedule has degenerated."""
+MAX_NFE = 65536
+"""Upper bound of nfe (SDE) and steps (remasking): every unit is a full forward pass over prompt + response, and
+the schedule is held in memory; the paper uses at most 256 (256x less)."""
+MAX_GEN_LENGTH = 131072
+"""Upper bound of gen_length before a model is known (the run itself also checks prompt + gen_length against the
+model's context): 128k tokens, the longest context of the backbone families supported (Llama 3.1 / Qwen2.5)."""
+GUMBEL_MAX_ABS = 37.0
+"""|log(-log U)| for float64 U in [2^-53, 1): at most ln(53 ln 2) = 3.6 above and ln(2^-53) = -36.7 below."""
+MAX_CFG_SCALE = 2.0 ** 24
+"""Past (s+1) = 2^24 the unconditional logits' share of un + (s+1)(cond - un) is below fp32 resolution (2^-24
+relative): a larger scale only rescales the same ranking, and brings the guided logits closer to overflow."""
+RANDN_MAX_ABS = 6.0
+"""|xi| of a float32 normal draw (Box-Muller on float32 uniforms >= 2^-24): at most sqrt(2*24*ln 2) = 5.77."""
+
+
+def check_number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+                 reason: str = "", integer: bool = False) -> None:
+    """ConfigError unless `value` is a (finite) real number in the range; the message states the range and why."""
+    kind = "an int" if integer else "a finite number"
+    ok_type = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(value, bool)
+    if ok_type and not integer:
+        ok_type = math.isfinite(value)
+    lo_txt = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
+    hi_txt = "" if hi is None else f"<= {hi:g}"
+    rng = " and ".join(t for t in (lo_txt, hi_txt) if t)
+    why = f" ({reason})" if reason else ""
+    if not ok_type:
+        raise ConfigError(f"{name}={value!r} is not valid: it must be {kind}{' ' + rng if rng else ''}{why}")
+    if (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi):
+        raise ConfigError(f"{name}={value!r} is out of range: it must be {rng}{why}")
 
 
 class ConfigBase:
@@ -231,17 +277,42 @@ class SDEConfig(ConfigBase):
         check_cache_options(self.kv_cache, self.cache_refresh)
         _check(self.kv_cache == "off" or not self.compile,
                f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
-        _check(0.0 <= self.converter_tolerance < 1.0,
-               f"converter_tolerance={self.converter_tolerance!r} must be in [0, 1) (0 = exact dense converter)")
-        _check(isinstance(self.nfe, int) and self.nfe >= 2 and self.nfe % 2 == 0,
-               f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 (two model evaluations per step)")
-        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
+        check_number("converter_tolerance", self.converter_tolerance, lo=0.0, hi=1.0,
+                     reason="a share of the converter's softmax mass; 0 = exact dense converter, 1 excluded")
+        _check(self.converter_tolerance < 1.0, f"converter_tolerance={self.converter_tolerance!r} must be in [0, 1) "
+                                               f"(0 = exact dense converter)")
+        check_number("nfe", self.nfe, lo=2, hi=MAX_NFE, integer=True,
+                     reason="two model evaluations per Heun step, each a full forward pass; the paper uses at most 256")
+        _check(self.nfe % 2 == 0, f"nfe={self.nfe!r} is not valid for the Heun sampler: it needs an even number >= 2 "
+                                  f"(two model evaluations per step)")
+        check_number("gen_length", self.gen_length, lo=1, hi=MAX_GEN_LENGTH, integer=True,
+                     reason="the response must fit a model's context; the run checks it against the model's own")
+        check_number("gamma_min", self.gamma_min, lo=FP32_TINY, reason="the smallest normal float32: the sampler "
+                     "divides by gamma in float32 with denormals flushed, so a smaller SNR becomes 0")
+        check_number("gamma_max", self.gamma_max, lo=0.0, lo_open=True, hi=FP32_MAX,
+                     reason="the state gamma * ê (|ê| <= 1) must be finite in float32")
         check_schedule(self.schedule, self.gamma_min, self.gamma_max)
-        _check(self.eta is None or self.eta >= 0, f"eta={self.eta!r} must be >= 0 or None (by NFE)")
-        _check(self.top_m >= 0, f"top_m={self.top_m!r} must be >= 0 (0 = full softmax)")
-        _check(self.beta_scale > 0, f"beta_scale={self.beta_scale!r} must be > 0")
-        _check(self.beta_absolute is None or self.beta_absolute > 0, f"beta_absolute={self.beta_absolute!r} must be > 0 or None")
-        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        grid = snr_schedule(self.schedule, self.steps, self.gamma_min, self.gamma_max).tolist()
+        ratio, at = max((grid[s + 1] / grid[s], s) for s in range(len(grid) - 1))
+        _check(ratio <= MAX_HEUN_RATIO,
+               f"gamma_min={self.gamma_min!r}, gamma_max={self.gamma_max!r} with nfe={self.nfe} and "
+               f"schedule={self.schedule!r} make Heun step {at} jump from gamma {grid[at]:.4g} to {grid[at + 1]:.4g} "
+               f"(x{ratio:.3g}); a step may multiply gamma by at most 2^23 = {MAX_HEUN_RATIO:.4g} (1/float32 "
+               f"epsilon: beyond it the corrector's cancellation is lost to rounding). Raise gamma_min or nfe")
+        if self.eta is not None:
+            noise = max((grid[s + 1] - grid[s]) ** 0.5 / grid[s] for s in range(len(grid) - 1))
+            check_number("eta", self.eta, lo=0.0, hi=FP32_MAX / (RANDN_MAX_ABS * noise),
+                         reason=f"None = by NFE, 0 = deterministic; the noise increment eta/gamma_s * sqrt(dgamma) * xi "
+                                f"(|xi| <= {RANDN_MAX_ABS:g}) must be finite in float32 on this schedule")
+        check_number("top_m", self.top_m, lo=0, integer=True, reason="0 = full softmax")
+        check_number("beta_scale", self.beta_scale, lo=0.0, lo_open=True,
+                     reason="beta_inf = beta_scale x the trained beta; the run checks beta_inf * gamma_max against "
+                            "float32's range")
+        if self.beta_absolute is not None:
+            check_number("beta_absolute", self.beta_absolute, lo=0.0, lo_open=True, hi=FP32_MAX / self.gamma_max,
+                         reason=f"the converter's logits beta * gamma * (ê . k), |ê . k| <= 1, must be finite in "
+                                f"float32 up to gamma_max={self.gamma_max:g}")
+        check_number("block_length", self.block_length, lo=0, integer=True, reason="0 = the whole response at once")
         if self.block_length:
             _check(self.gen_length % self.block_length == 0,
                    f"gen_length={self.gen_length} is not divisible by block_length={self.block_length}")
@@ -318,16 +389,22 @@ class RemaskConfig(ConfigBase):
     block's first call."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, f"steps={self.steps!r} must be >= 1")
+        check_number("steps", self.steps, lo=1, hi=MAX_NFE, integer=True,
+                     reason="one forward pass per step (two with cfg_scale > 0); the paper uses at most 256")
         check_cache_options(self.kv_cache, self.cache_refresh)
         _check(self.kv_cache == "off" or self.cfg_scale == 0,
                f"kv_cache={self.kv_cache!r} with cfg_scale={self.cfg_scale!r} is not supported (the unconditional "
                f"copy would need its own cache): use kv_cache='off' or cfg_scale=0")
-        _check(self.gen_length >= 1, f"gen_length={self.gen_length!r} must be >= 1")
-        _check(self.block_length >= 0, f"block_length={self.block_length!r} must be >= 0")
+        check_number("gen_length", self.gen_length, lo=1, hi=MAX_GEN_LENGTH, integer=True,
+                     reason="the response must fit a model's context; the run checks it against the model's own")
+        check_number("block_length", self.block_length, lo=0, integer=True, reason="0 = one block of gen_length")
         _choice("remasking", self.remasking, ("low_confidence", "random"))
-        _check(self.temperature >= 0, f"temperature={self.temperature!r} must be >= 0")
-        _check(self.cfg_scale >= 0, f"cfg_scale={self.cfg_scale!r} must be >= 0")
+        check_number("temperature", self.temperature, lo=0.0, hi=FP64_MAX / GUMBEL_MAX_ABS,
+                     reason=f"0 = greedy; the Gumbel term T * log(-log U) with |log(-log U)| <= {GUMBEL_MAX_ABS:g} "
+                            f"must be finite in float64")
+        check_number("cfg_scale", self.cfg_scale, lo=0.0, hi=MAX_CFG_SCALE,
+                     reason="0 = off; past 2^24 the unconditional logits fall below float32 resolution in "
+                            "un + (s+1)(cond - un), so a larger scale changes nothing but the risk of overflow")
         _check(0 <= self.eos_suppress_ratio <= 1, f"eos_suppress_ratio={self.eos_suppress_ratio!r} must be in [0, 1]")
         _check(0 <= self.remdm_t_off < self.remdm_t_on <= 1,
                f"need 0 <= remdm_t_off < remdm_t_on <= 1, got {self.remdm_t_off!r}, {self.remdm_t_on!r}")

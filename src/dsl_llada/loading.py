@@ -265,41 +265,82 @@ def _prompt_of(obj: Any, field: str, where: str) -> str:
     raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
 
 
+MAX_PROMPT_LINE_BYTES = 4 << 20
+"""Longest line of a prompts file (4 MiB): a prompt must fit a model's context, and the longest supported context
+(131,072 tokens, `config.MAX_GEN_LENGTH`) at 32 bytes per token is this much; a longer line cannot be a prompt."""
+MAX_PROMPTS = 1_000_000
+"""Most prompts (and, x10, most lines) one prompts file may hold; split a larger job into several files."""
+MAX_JSON_PROMPTS_BYTES = 256 << 20
+"""Largest .json prompts file (read whole, as one JSON array); use .jsonl (read line by line) for more."""
+
+
+def _lines(f, path: Path):
+    """(line number, text) of a binary file, read line by line; refuses a line longer than MAX_PROMPT_LINE_BYTES
+    (a file without newlines, such as /dev/zero, is refused after that many bytes) and more than 10 x MAX_PROMPTS
+    lines, and names a line that is not UTF-8."""
+    for n in range(1, 10 * MAX_PROMPTS + 2):
+        raw = f.readline(MAX_PROMPT_LINE_BYTES + 1)
+        if not raw:
+            return
+        if n > 10 * MAX_PROMPTS:
+            raise ValueError(f"--prompts-file {str(path)!r} has more than {10 * MAX_PROMPTS:,} lines; split it into "
+                             f"several files")
+        if len(raw) > MAX_PROMPT_LINE_BYTES and not raw.endswith(b"\n"):
+            raise ValueError(f"{path}:{n}: line longer than {MAX_PROMPT_LINE_BYTES:,} bytes (no prompt that long fits "
+                             f"any model's context); is {str(path)!r} a prompts file?")
+        try:
+            yield n, raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{n}: not UTF-8 text ({e}); expected a .jsonl, .json or .txt prompts file") from None
+
+
 def read_prompts(path: str | Path, field: str = "prompt") -> list[str]:
     """Prompts from a file, by suffix: `.jsonl` (one JSON object per line with a string `field`, or a JSON
     string), `.json` (a JSON array of strings or of such objects), anything else plain text (one per line;
-    blank lines skipped). Errors name the file and line."""
+    blank lines skipped). Read line by line with bounded lines and counts (`MAX_PROMPT_LINE_BYTES`,
+    `MAX_PROMPTS`; a .json file at most `MAX_JSON_PROMPTS_BYTES`). Errors name the file and line."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"--prompts-file {str(path)!r} is a folder; expected a .jsonl, .json or .txt file")
+    with open(path, "rb") as f:
+        if path.suffix == ".json":
+            return _read_json_prompts(f, path, field)
+        out: list[str] = []
+        for n, ln in _lines(f, path):
+            if not ln.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    obj = json.loads(ln)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); a .jsonl prompts file "
+                                     f"holds one JSON object per line") from None
+                ln = _prompt_of(obj, field, f"{path}:{n}")
+            out.append(ln)
+            if len(out) > MAX_PROMPTS:
+                raise ValueError(f"--prompts-file {str(path)!r} holds more than {MAX_PROMPTS:,} prompts; split it "
+                                 f"into several files")
+        return out
+
+
+def _read_json_prompts(f, path: Path, field: str) -> list[str]:
+    data = f.read(MAX_JSON_PROMPTS_BYTES + 1)
+    if len(data) > MAX_JSON_PROMPTS_BYTES:
+        raise ValueError(f"--prompts-file {str(path)!r} is larger than {MAX_JSON_PROMPTS_BYTES >> 20} MiB; a .json "
+                         f"file is read whole, so use .jsonl (one prompt object per line) for a file this large")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompts-file {str(path)!r} is not UTF-8 text ({e}); expected .jsonl, .json or .txt") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); a .json prompts file "
-                             f"holds one JSON array of strings or of objects with a {field!r} field") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: a .json prompts file must hold a JSON array (of strings or of objects with a "
-                             f"{field!r} field), got a {type(data).__name__}; or use .jsonl (one object per line) "
-                             f"or .txt (one prompt per line)")
-        return [_prompt_of(x, field, f"{path}: item {n}") for n, x in enumerate(data)]
-    lines = text.splitlines()
-    if path.suffix != ".jsonl":
-        return [ln for ln in lines if ln.strip()]
-    out = []
-    for n, ln in enumerate(lines, start=1):
-        if not ln.strip():
-            continue
-        try:
-            obj = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); a .jsonl prompts file holds "
-                             f"one JSON object per line") from None
-        out.append(_prompt_of(obj, field, f"{path}:{n}"))
-    return out
-
-
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); a .json prompts file "
+                         f"holds one JSON array of strings or of objects with a {field!r} field") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: a .json prompts file must hold a JSON array (of strings or of objects with a "
+                         f"{field!r} field), got a {type(items).__name__}; or use .jsonl (one object per line) "
+                         f"or .txt (one prompt per line)")
+    if len(items) > MAX_PROMPTS:
+        raise ValueError(f"--prompts-file {str(path)!r} holds more than {MAX_PROMPTS:,} prompts; split it")
+    return [_prompt_of(x, field, f"{path}: item {n}") for n, x in enumerate(items)]

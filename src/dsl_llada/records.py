@@ -8,9 +8,12 @@ Guarantees:
 - every finished batch is appended with one write, then flushed and fsynced: after kill -9 or Ctrl-C the file
   holds every finished record; at most the last line can be partial (a kill inside the write), and it is
   ignored and cut off cleanly on resume;
-- a run appends its items in increasing ``index`` order and a resumed run skips the indices already present, so
-  the file is always in index order; when a run completes, `finish` checks that it holds exactly one record per
-  item (rewriting it sorted, atomically, should it ever be out of order);
+- a run appends its items in increasing ``index`` order and a resumed run skips the indices already finished; a
+  record with an ``error`` is not finished: a resumed run retries it and appends its new record, and the latest
+  record of an index wins; when a run completes, `finish` checks that it holds one record per item (rewriting it
+  sorted, atomically, when a retry left it out of order or with superseded error records);
+- one writer per file: `open` takes an exclusive lock before it reads or writes anything (a second run is
+  refused naming the holder's PID, and changes nothing, its settings file included), and keeps it to the end;
 - records are only appended to a file whose stored settings equal this run's (`RecordFile.open` names the
   fields that differ otherwise); a file without stored settings is not ours and is never appended to or
   replaced without ``overwrite``; nothing is truncated before `begin`, which the caller runs after validating
@@ -26,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import jsonl_log
 from .outputs import OutputError, check_writable
 from .utils import atomic_write_text
 
@@ -34,16 +38,28 @@ __all__ = ["RecordFile", "settings_diff"]
 log = logging.getLogger(__name__)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a regular file may take a short write when the disk fills up)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def _lock_holder(fd: int) -> int | None:
+    """PID of the process holding a lock on the file open as `fd` (Linux /proc/locks), or None when unknown."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF" (a "->" marks a waiting lock)
+                if "->" in parts or len(parts) < 6:
+                    continue
+                maj_min_ino = parts[5].split(":")
+                if len(maj_min_ino) == 3 and int(maj_min_ino[2]) == st.st_ino and \
+                        int(maj_min_ino[0], 16) == os.major(st.st_dev) and int(maj_min_ino[1], 16) == os.minor(st.st_dev):
+                    return int(parts[4])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _lock(fd: int, path: Path) -> None:
-    """An exclusive advisory lock for the run's lifetime, so two runs never append to one file (POSIX only)."""
+    """An exclusive advisory lock for the run's lifetime, so two runs never write one file (POSIX only). Taken
+    before anything is read or written: a refused run changes nothing."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
@@ -51,8 +67,10 @@ def _lock(fd: int, path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise OutputError(f"--output {str(path)!r} is being written by another running process; wait for it to "
-                          f"finish (then rerun to resume) or choose another file") from None
+        pid = _lock_holder(fd)
+        holder = f"process {pid}" if pid is not None else "another running process"
+        raise OutputError(f"--output {str(path)!r} is being written by {holder}; wait for it to finish (then rerun "
+                          f"to resume) or choose another file") from None
 
 
 def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -76,6 +94,9 @@ class RecordFile:
         self.config_path = Path(str(path) + ".config.json")
         self._valid_bytes, self._fresh = valid_bytes, fresh
         self._fd: int | None = None
+        self._created = False
+        self._begun = False
+        self._log: jsonl_log.JsonlAppender | None = None
         self.written = 0
         """Records appended by this run."""
 
@@ -83,7 +104,9 @@ class RecordFile:
     @classmethod
     def open(cls, path: str | Path, settings: dict[str, Any], *, overwrite: bool = False,
              protect: tuple[str | Path, ...] = ()) -> "RecordFile":
-        """Check `path` and read what is already done there. Writes nothing. Raises OutputError (a ValueError)."""
+        """Check `path`, take its exclusive lock (creating it empty when missing) and read what is already done
+        there under the lock. Writes nothing else; on a refusal the lock is released and a file this call created
+        is removed. Raises OutputError (a ValueError). Call `close` (or `finish`) when done."""
         path = Path(path)
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
         for p in protect:
@@ -94,8 +117,28 @@ class RecordFile:
         check_writable(path.parent, what="--output folder")
         if path.exists() and not os.access(path, os.W_OK):
             raise OutputError(f"--output {str(path)!r} is not writable; choose another file")
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
+        locked = False
+        try:
+            _lock(fd, path)  # before reading or writing anything: a refused run changes nothing
+            locked = True
+            rf = cls._open_locked(path, settings, overwrite=overwrite)
+        except BaseException:
+            # the file this call created, still empty and ours (locked: no other run adopted it meanwhile) goes
+            if created and locked:
+                with contextlib.suppress(OSError):
+                    if os.fstat(fd).st_size == 0:
+                        path.unlink()
+            os.close(fd)
+            raise
+        rf._fd, rf._created = fd, created
+        return rf
+
+    @classmethod
+    def _open_locked(cls, path: Path, settings: dict[str, Any], *, overwrite: bool) -> "RecordFile":
         config_path = Path(str(path) + ".config.json")
-        has_records = path.exists() and path.stat().st_size > 0
+        has_records = path.stat().st_size > 0
         if overwrite or not has_records:
             return cls(path, settings, {}, valid_bytes=0, fresh=True)
         if not config_path.is_file():
@@ -116,76 +159,69 @@ class RecordFile:
 
     @staticmethod
     def _read(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
-        """Records by index and the byte length of the complete lines (a partial last line is left out)."""
-        data = path.read_bytes()
-        valid = data.rfind(b"\n") + 1
-        done: dict[int, dict[str, Any]] = {}
-        for n, line in enumerate(data[:valid].split(b"\n")[:-1], start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise OutputError(f"{str(path)}:{n}: not a JSON record ({e}); fix or remove that line, or pass "
-                                  f"--overwrite to start again") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
-                raise OutputError(f"{str(path)}:{n}: a record needs an integer 'index'; fix or remove that line, or "
-                                  f"pass --overwrite to start again")
-            done[rec["index"]] = rec
-        if valid < len(data):
-            log.warning("%s: ignoring a partial last line (%d bytes, from an interrupted write)", path, len(data) - valid)
-        return done, valid
+        """Latest record by index and the byte length of the complete lines (a partial last line is left out)."""
+        try:
+            records, valid = jsonl_log.read(path, accept=lambda r: isinstance(r, dict) and isinstance(r.get("index"), int)
+                                            and not isinstance(r.get("index"), bool))
+        except ValueError as e:
+            raise OutputError(f"{e} (each line is one JSON record with an integer 'index'); or pass --overwrite to "
+                              f"start again") from None
+        return jsonl_log.done_keys(records, "index"), valid
 
     # -- writing --------------------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Store the settings (atomically, before any record), cut a partial last line (or the whole file when
-        starting afresh), and open the file for appending."""
+        starting afresh); the file is already open for appending under this run's lock (`open`)."""
+        if self._fd is None:
+            raise RuntimeError("RecordFile.begin after close")
         if self._fresh:
             atomic_write_text(self.config_path, json.dumps(self.settings, indent=2) + "\n")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
-        try:
-            _lock(fd, self.path)
-            os.ftruncate(fd, self._valid_bytes)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
+        self._log = jsonl_log.JsonlAppender(self.path, fd=self._fd, valid_bytes=self._valid_bytes, repair=False)
+        self._log.truncate(self._valid_bytes)  # a partial last line, or everything when starting afresh
+        self._begun = True
+
+    @property
+    def finished(self) -> set[int]:
+        """Indices whose latest record has no `error`: the ones a resumed run skips (a failed prompt is retried)."""
+        return {i for i, r in self.done.items() if "error" not in r}
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Append records as JSON lines with one write, flushed and fsynced. On failure (a full disk) the file is
-        cut back to its last complete record and the error re-raised naming the file."""
+        """Append records as whole JSON lines with one write, flushed and fsynced (`jsonl_log.JsonlAppender`). On
+        failure (a full disk) the file is cut back to its last complete record and the error re-raised naming the
+        file."""
         if not records:
             return
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-        fd = self._fd
-        if fd is None:
+        if self._log is None:
             raise ValueError(f"{self.path}: append() before begin() (the record file is not open)")
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, self._valid_bytes)
-            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
-        self._valid_bytes += len(data)
+        self._log.append(records)
         for r in records:
             self.done[r["index"]] = r
         self.written += len(records)
 
     def close(self) -> None:
+        """Release the lock; a file `open` created that never began (a refused or failed setup) is removed."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            if self._created and not self._begun:
+                with contextlib.suppress(OSError):
+                    if os.fstat(fd).st_size == 0:
+                        self.path.unlink()
             os.close(fd)
 
     def finish(self, n_items: int) -> None:
-        """Close; check the file holds exactly indices 0..n-1 once each, in order (rewrite sorted if needed)."""
-        self.close()
-        done, _ = self._read(self.path)
-        missing = sorted(set(range(n_items)) - set(done))
-        if missing:
-            raise OutputError(f"{str(self.path)!r} lacks records {missing[:5]} after the run; rerun the same command "
-                              f"to complete it")
-        order = [json.loads(line)["index"] for line in self.path.read_bytes().splitlines() if line.strip()]
-        if order != list(range(n_items)):
-            atomic_write_text(self.path, "".join(json.dumps(done[i], ensure_ascii=False) + "\n" for i in range(n_items)))
+        """Check, still under the lock, that the file holds every index 0..n-1 (the latest record of an index wins:
+        a retried prompt's new record replaces its error); rewrite it sorted with one record per index, atomically,
+        when it is not already so; then close."""
+        try:
+            done, _ = self._read(self.path)
+            missing = sorted(set(range(n_items)) - set(done))
+            if missing:
+                raise OutputError(f"{str(self.path)!r} lacks records {missing[:5]} after the run; rerun the same "
+                                  f"command to complete it")
+            order = [json.loads(line)["index"] for line in self.path.read_bytes().splitlines() if line.strip()]
+            if order != list(range(n_items)):
+                atomic_write_text(self.path, "".join(json.dumps(done[i], ensure_ascii=False) + "\n"
+                                                     for i in range(n_items)))
+            self.done = done
+        finally:
+            self.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .. import jsonl_log
 from ..utils import atomic_write_text
 from .judge import JudgeConfig, Pair, RunSamples, aggregate, build_messages, judgment_record, pair_samples, render_summary
 from .judge_backends import JudgeBackend, JudgeBackendError
@@ -58,34 +58,11 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _append_line(fh, record: dict[str, Any]) -> None:
-    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    fh.flush()
-    os.fsync(fh.fileno())
-
-
 def _done_keys(path: Path) -> dict[str, dict[str, Any]]:
-    """Judgments already written, keyed by presentation; a torn last line is cut off the file."""
-    if not path.exists():
-        return {}
-    raw = path.read_bytes()
-    done: dict[str, dict[str, Any]] = {}
-    good = 0
-    for line in raw.split(b"\n")[:-1] if not raw.endswith(b"\n") else raw.split(b"\n"):
-        if not line.strip():
-            good += len(line) + 1
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        done[rec["key"]] = rec
-        good += len(line) + 1
-    if good < len(raw):
-        log.warning("%s: dropping a partial last line left by an interrupted run", path)
-        with open(path, "r+b") as fh:
-            fh.truncate(min(good, len(raw)))
-    return done
+    """Judgments already written, keyed by presentation (`jsonl_log.read`; a torn last line is ignored here and
+    cut off when the writer opens)."""
+    records, _ = jsonl_log.read(path, strict=False, accept=lambda r: isinstance(r, dict) and "key" in r)
+    return jsonl_log.done_keys(records, "key")
 
 
 def prepare_judge_dir(out: Path, settings: dict[str, Any], *, overwrite: bool) -> None:
@@ -137,12 +114,12 @@ def run_judge(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: 
             return judgment_record(pair, None, mode=config.parse_mode, error=str(e))
         return judgment_record(pair, reply, mode=config.parse_mode)
 
-    with open(jpath, "a", encoding="utf-8") as fh, \
+    with jsonl_log.JsonlAppender(jpath) as fh, \
             tqdm(total=len(todo), desc="judge", disable=not progress, leave=False, dynamic_ncols=True) as bar:
         if backend.concurrency <= 1:
             for pair in todo:
                 rec = judge_one(pair)
-                _append_line(fh, rec)
+                fh.append([rec])
                 done[rec["key"]] = rec
                 bar.update(1)
                 if on_judgment:
@@ -152,7 +129,7 @@ def run_judge(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: 
                 futures = [pool.submit(judge_one, p) for p in todo]
                 for fut in as_completed(futures):
                     rec = fut.result()
-                    _append_line(fh, rec)
+                    fh.append([rec])
                     done[rec["key"]] = rec
                     bar.update(1)
                     if on_judgment:

@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from ..generation import run_sampler
 from ..loading import encode_prompt, load_model, load_tokenizer, parse_dtype
-from ..sampling.common import PromptBatch
+from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
 
@@ -156,22 +155,19 @@ class DSLLadaLM(LM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        special = self.model.special
         gen_length = self.config.gen_length
+        prompts = []
+        for r in requests:
+            ids = encode_prompt(self.tok, r.args[0], chat_template=self.chat_template)
+            if len(ids) + gen_length > self.max_length:
+                self._fit(LikelihoodRequest(tuple(ids), (0,) * gen_length))  # says so once
+                ids = ids[len(ids) + gen_length - self.max_length:]
+            prompts.append(ids)
         out: list[str] = []
-        for start in range(0, len(requests), self.batch_size):
-            chunk = requests[start:start + self.batch_size]
-            prompts = []
-            for r in chunk:
-                ids = encode_prompt(self.tok, r.args[0], chat_template=self.chat_template)
-                if len(ids) + gen_length > self.max_length:
-                    self._fit(LikelihoodRequest(tuple(ids), (0,) * gen_length))  # says so once
-                    ids = ids[len(ids) + gen_length - self.max_length:]
-                prompts.append(ids)
-            batch = PromptBatch.from_lists(prompts, pad_id=special.pad_id, device=self._device)
-            gens = [torch.Generator().manual_seed(self.seed + start + j) for j in range(len(chunk))]
-            result = run_sampler(self.model, batch, self.config, generator=gens)
-            for r, ids in zip(chunk, result.responses()):
+        for rows in run_batches(self.model, prompts, self.config, batch_size=self.batch_size, retry=False,
+                                seed_of=lambda i: self.seed + i):
+            for row in rows:
+                r, ids = requests[row.index], row.response
                 kw = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
                 max_toks = kw.get("max_gen_toks")
                 text = self.tok.decode(ids[:max_toks] if max_toks else ids, skip_special_tokens=True)

@@ -1,6 +1,6 @@
 """Loading the models of an evaluation and running one batch of prompts through a method.
 
-Diffusion methods go through the project's batched samplers (`dsl_llada.generation.run_sampler`) with one
+Diffusion methods go through the project's batched samplers (`dsl_llada.sampling.batches.run_batch`) with one
 generator per row; the autoregressive baseline is greedy `generate` of a Hugging Face causal LM.
 """
 
@@ -119,13 +119,11 @@ def run_batch(loaded: Loaded, method: MethodSpec, choice: Any, prompt_ids: Seque
     """Run one batch. Row i uses a CPU generator seeded `seeds[i]` (results do not depend on the batch)."""
     if method.preset == "ar":
         return _run_ar(loaded, choice, prompt_ids)
-    from ..generation import run_sampler
-    from ..sampling.common import PromptBatch
+    from ..sampling.batches import run_batch as run_sampler_batch
 
-    batch = PromptBatch.from_lists(prompt_ids, pad_id=loaded.model.special.pad_id, device=loaded.device)
-    gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+    config = getattr(choice, "config", choice)  # the sampler config (anything wrapping one: its .config)
     with torch.no_grad():
-        out = run_sampler(loaded.model, batch, choice, generator=gens)
+        out = run_sampler_batch(loaded.model, prompt_ids, config, [int(s) for s in seeds])
     return BatchOutput(out.responses(), int(out.nfe), int(out.forward_passes))
 
 

@@ -11,11 +11,11 @@ Run folder layout::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import jsonl_log
 from ..utils import atomic_write_text
 
 MARKER = "eval_run.json"
@@ -29,20 +29,10 @@ def shard_path(run_dir: Path, rank: int) -> Path:
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete JSON records of a JSONL file; a final line without a newline (a write cut short) is skipped."""
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        data = f.read()
-    for raw in data.split(b"\n")[:-1] if not data.endswith(b"\n") else data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue  # only a torn write can produce this (the tail of a disk-full append); never a finished item
-        if isinstance(obj, dict) and "key" in obj:
-            yield obj
+    """Complete JSON records of a JSONL file (`jsonl_log.read`, lenient): a final line without a newline (a write
+    cut short) and unreadable lines (only a torn write can produce them) are skipped."""
+    records, _ = jsonl_log.read(path, strict=False, accept=lambda r: isinstance(r, dict) and "key" in r)
+    yield from records
 
 
 def read_shards(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -56,44 +46,19 @@ def read_shards(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 class ShardWriter:
-    """Appends records to one rank's shard file; each `write_many` is one write() + flush + fsync."""
+    """Appends records to one rank's shard file through `jsonl_log.JsonlAppender`: each `write_many` is one write
+    + flush + fsync of whole lines (all of the batch or none of it on a full disk); a partial last line left by a
+    killed run is cut off when the writer opens."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._cut_partial_tail()
-        self.f = open(self.path, "ab")
-
-    def _cut_partial_tail(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb+") as f:
-            data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
-                f.flush()
-                os.fsync(f.fileno())
+        self._log = jsonl_log.JsonlAppender(self.path, sort_keys=True)
 
     def write_many(self, records: Iterable[dict[str, Any]]) -> None:
-        buf = b"".join(json.dumps(r, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n" for r in records)
-        if not buf:
-            return
-        start = self.f.tell()
-        try:
-            self.f.write(buf)
-            self.f.flush()
-            os.fsync(self.f.fileno())
-        except OSError:
-            # disk full (or similar): cut the file back to where this batch began, so the shard ends on a record
-            # boundary and holds none of the batch (all or nothing); earlier records stay valid; then re-raise
-            self.f.close()
-            with open(self.path, "rb+") as f:
-                f.truncate(start)
-            self.f = open(self.path, "ab")
-            raise
+        self._log.append(records)
 
     def close(self) -> None:
-        self.f.close()
+        self._log.close()
 
 
 def merge(run_dir: Path, order: list[str]) -> list[dict[str, Any]]:

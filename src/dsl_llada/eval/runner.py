@@ -246,7 +246,6 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
              progress: bool = True, report: bool = True) -> RunResult:
     """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`."""
     from . import models as M
-
     from . import preflight as P
 
     run_dir = Path(run_dir)
@@ -262,10 +261,10 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
     facts = P.check_models(cfg, tokenizers)
     plan = build_plan(cfg, tokenizers)
     P.check_plan(cfg, plan, facts)
-    check_run_dir(run_dir, cfg, overwrite=overwrite, new_run=new_run)
     err: Exception | None = None
-    if state.is_main_process:
+    if state.is_main_process:  # the folder is checked and written by rank 0 only (no race with --new-run's move)
         try:
+            check_run_dir(run_dir, cfg, overwrite=overwrite, new_run=new_run)
             prepare_run_dir(run_dir, cfg, overwrite=overwrite, new_run=new_run)
         except Exception as e:  # noqa: BLE001  (re-raised on every rank below, after the barrier)
             err = e

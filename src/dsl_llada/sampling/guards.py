@@ -7,12 +7,14 @@ computes whatever the key/value-cache mode; no forward hooks. Every caller that 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .common import StepInfo
 from .observers import chain_callbacks
 
-__all__ = ["NonFiniteLogitsError", "FiniteLogitsGuard", "chain_callbacks"]  # chain_callbacks: from observers
+__all__ = ["NonFiniteLogitsError", "NonFiniteStateError", "FiniteLogitsGuard", "chain_callbacks", "check_finite_state"]
 
 
 class NonFiniteLogitsError(ValueError):
@@ -38,3 +40,17 @@ class FiniteLogitsGuard:
         if has_broken_logits(info.logits):
             raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
                                        "weights are damaged or come from a diverged training run")
+
+
+class NonFiniteStateError(NonFiniteLogitsError):
+    """A sampler's state or logits became NaN/inf during a run; the message names the settings involved. A kind of
+    NonFiniteLogitsError: a sampler's own check can see broken logits at the first step before the step callback's
+    guard does, and callers handle both the same way."""
+
+
+def check_finite_state(values: torch.Tensor, what: str, settings: Mapping[str, object]) -> None:
+    """Raise NonFiniteStateError naming `settings` unless every element of `values` is finite (one reduction)."""
+    if not bool(torch.isfinite(values).all()):
+        shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        raise NonFiniteStateError(f"the {what} became non-finite (NaN/inf) with {shown}: these settings leave the "
+                                  f"range float32 can hold for this model (lower them), or its weights are damaged")

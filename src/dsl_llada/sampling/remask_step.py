@@ -18,6 +18,7 @@ import torch
 from ..backbones.base import SpecialTokens
 from ..config import RemaskConfig
 from .common import RowRNG
+from .guards import NonFiniteStateError
 from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sigma_max
 
 __all__ = ["RemaskStep", "banned_ids", "block_schedule", "remask_step", "suppressed_steps", "transfer_counts"]
@@ -111,6 +112,10 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
     else:
         x0 = logits.argmax(dim=-1)  # fp32 -> fp64 is exact, so this equals the float64 argmax
     lse = torch.logsumexp(logits, dim=-1).double()
+    if bool(torch.isnan(lse).any()):  # NaN anywhere in a row's logits (-inf is a legitimate ban); O(B W) to check
+        raise NonFiniteStateError(f"the logits became NaN at block step {i} with temperature={config.temperature!r}, "
+                                  f"cfg_scale={config.cfg_scale!r}: the model's weights are damaged, or the guidance "
+                                  f"left float32's range (lower cfg_scale); a NaN row would decode as token 0")
 
     def probs(idx: torch.Tensor) -> torch.Tensor:
         """softmax(logits)[idx] in float64, computed only at the gathered ids."""

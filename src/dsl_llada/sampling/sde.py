@@ -19,13 +19,15 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..config import SDEConfig
+from ..config import FP32_MAX, SDEConfig
+from ..errors import ConfigError
 from ..model import DSLModel
 from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
 from ..utils import progress as progress_bar
 from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
 from .denoiser import Denoiser
+from .guards import check_finite_state
 from .observers import with_progress
 
 Denoise = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
@@ -72,7 +74,15 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig,
     prompts = prompts.to(backbone.input_embeddings().weight.device)
     check_prompt_fits(backbone.max_length, prompts, config.gen_length)
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
-    denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=inference_beta(model, config),
+    beta = inference_beta(model, config)
+    # the converter's logits beta * gamma * (ê . k), |ê . k| <= 1, must be finite in float32 (a NaN beta is damaged
+    # weights: the first-forward guard's case)
+    if beta * config.gamma_max > FP32_MAX:
+        which = "beta_absolute" if config.beta_absolute is not None else "beta_scale"
+        raise ConfigError(f"beta_inf={beta:g} ({which}; trained beta {model.trained_beta:g}) times "
+                          f"gamma_max={config.gamma_max:g} exceeds float32's largest value {FP32_MAX:.4g}: the "
+                          f"converter's logits would overflow; lower {which} or gamma_max")
+    denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=beta,
                                   top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length),
                                   tolerance=config.converter_tolerance, compile=config.compile,
                                   kv_cache=config.kv_cache, cache_refresh=config.cache_refresh)
@@ -84,6 +94,19 @@ def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     logits = logits.clone()
     logits[..., mask_id] = float("-inf")
     return logits.argmax(-1)
+
+
+def _decode_final(denoise: Denoiser, y: torch.Tensor, gamma: float, mask_id: int, config: SDEConfig,
+                  model: DSLModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, logits): argmax decode of the solved state and the logits it came from; a NaN/inf state or NaN logits
+    raise NonFiniteStateError naming the settings (never token 0 decoded from NaN logits)."""
+    settings = {"gamma_min": config.gamma_min, "gamma_max": config.gamma_max, "eta": config.resolved_eta(),
+                "nfe": config.nfe, "schedule": config.schedule, "beta_inf": inference_beta(model, config)}
+    check_finite_state(y, "SDE state", settings)
+    logits = denoise.logits(y, gamma)
+    if bool(torch.isnan(logits).any()):
+        check_finite_state(torch.tensor(float("nan")), "converter/backbone logits at the final SNR", settings)
+    return decode_argmax(logits, mask_id), logits
 
 
 def _unit_init(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -125,8 +148,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
     y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                    on_step=on_step)
-    final_logits = denoise.logits(y, float(grid[-1]))
-    ids = decode_argmax(final_logits, mask_id)
+    ids, final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
     if callback is not None:
         everything = torch.ones((B, L), dtype=torch.bool, device=ids.device)
         callback(StepInfo(step=config.steps - 1, total_steps=config.steps, tokens=ids, gamma=float(grid[-1]),
@@ -179,8 +201,7 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
         y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
         y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                        on_step=on_step)
-        final_logits = denoise.logits(y, float(grid[-1]))
-        response[:, lo:hi] = decode_argmax(final_logits, mask_id)
+        response[:, lo:hi], final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
         if callback is not None:
             newly = _prefix_mask(Bsz, L, hi, response.device) & ~_prefix_mask(Bsz, L, lo, response.device)
             callback(StepInfo(step=(k + 1) * config.steps - 1, total_steps=n_blocks * config.steps,

@@ -24,7 +24,7 @@ import torch
 
 from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..eval.report import markdown_table
-from ..generation import sample_in_batches
+from ..sampling.batches import run_batches
 from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
 from .evaluate import aggregate, score_record
@@ -137,9 +137,9 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
         model = models[v.model]
         t = time.perf_counter()
         outputs: list[list[int]] = []
-        for _, o in sample_in_batches(model, prompt_ids, cfg, batch_size=fc.batch_size,
-                                      seed_of=lambda i: fc.seed * 100_003 + i):
-            outputs += o.ids.tolist()
+        for rows in run_batches(model, prompt_ids, cfg, batch_size=fc.batch_size, retry=False,
+                                seed_of=lambda i: fc.seed * 100_003 + i):
+            outputs += [r.ids for r in rows]
         seconds = time.perf_counter() - t
         row: dict[str, Any] = {"key": keys[v], "round": rnd, "sampler": v.sampler, "mode": v.mode,
                                "refresh": v.refresh, "label": v.label, "seconds": seconds, "n": len(outputs),

@@ -15,7 +15,7 @@ import torch
 from ..config import REMDM
 from ..eval import metrics as M
 from ..eval.correction import aggregate_fix_clean, fix_clean_records
-from ..generation import sample_in_batches
+from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from .tasks import TaskExample, render_prompt, response_words, score_response
 from .world import ToyWorld
@@ -71,15 +71,14 @@ def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, token
         model = models[method.model]
         for nfe in nfes:
             config = method.config(nfe, gen_length)
-            for start, out in sample_in_batches(model, prompt_ids, config, batch_size=batch_size,
-                                                seed_of=lambda i: seed * 100_003 + i):
-                # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
-                keep_all = not out.config.get("truncate_at_eos", True)
-                for j, ids in enumerate(out.ids.tolist()):
-                    i = start + j
-                    text = tokenizer.decode(ids, skip_special_tokens=keep_all)
-                    records.append(score_record(world, examples[i], text, method=method.name, nfe=nfe,
-                                                seed=seed * 100_003 + i, index=i, forward_passes=out.forward_passes))
+            for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False,
+                                    seed_of=lambda i: seed * 100_003 + i):
+                for r in rows:
+                    # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
+                    keep_all = not r.output.config.get("truncate_at_eos", True)
+                    text = tokenizer.decode(r.ids, skip_special_tokens=keep_all)
+                    records.append(score_record(world, examples[r.index], text, method=method.name, nfe=nfe,
+                                                seed=r.seed, index=r.index, forward_passes=r.output.forward_passes))
             if on_progress is not None:
                 on_progress(f"{method.name} NFE {nfe}")
     return records

@@ -27,6 +27,7 @@ from ..config import ConfigBase, ConfigError, SDEConfig, eta_for_nfe
 from ..eval.report import markdown_table
 from ..model import DSLModel
 from ..sampling.sde import inference_beta
+from .. import jsonl_log
 from ..utils import atomic_write_text, save_figure
 from ..utils import progress as progress_bar
 from .evaluate import aggregate, sample_records, score_record
@@ -158,28 +159,17 @@ def task_metrics(rows: Sequence[dict[str, Any]], task: str, keys: Sequence[str])
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of a resumable results file (none when it does not exist; unreadable lines are skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # an interrupted append: that run is simply redone
-            log.warning("ignoring an unreadable line in %s", path)
-    return out
+    """The complete JSON lines of a resumable results file (none when it does not exist; an unreadable line, which
+    only an interrupted append leaves, is skipped: that run is simply redone)."""
+    return jsonl_log.read(path, strict=False)[0]
 
 
 def append_rows(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    """Append one JSON line per record and flush. A partial last line left by an interrupted append is closed
-    first, so it cannot swallow the first new record (`read_rows` then skips only the broken fragment)."""
-    with path.open("a+b") as f:
-        if f.tell() > 0:
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode())
-        f.flush()
+    """Append one JSON line per record as one write (`jsonl_log.JsonlAppender`; these rows are re-computable, so
+    no fsync). A partial last line left by an interrupted append is cut off first, so it cannot swallow the first
+    new record."""
+    with jsonl_log.JsonlAppender(path, fsync=False) as out:
+        out.append(records)
 
 
 def run_sweep(dsl: DSLModel, world, tokenizer, examples, out: Path, sweep: SweepConfig, *, gen_length: int,

@@ -1,0 +1,146 @@
+"""The one batch runner: a list of encoded prompts through a sampler config, in left-padded batches.
+
+Every caller that samples many prompts goes through `run_batches` (`generate`, the evaluation suite, the toy
+world's evaluation, sweep and cache frontier, the benchmarks); the server batches requests itself
+(`serve/runner.py`). What it does, in this order:
+
+1. the context check: every prompt + `gen_length` must fit the model, checked for all prompts before any sampling
+   (`loading.check_prompt_lengths`, which names the longest offender);
+2. batches on a fixed grid [0, B), [B, 2B), ... of prompt positions, leaving out the positions in `skip` (already
+   done): so a resumed run makes exactly the batches of an uninterrupted one, minus the finished rows;
+3. per-row seeds: row i samples with its own CPU generator seeded `seed_of(i)`, so its tokens depend neither on
+   the batch size nor on its batch-mates;
+4. the NaN guard (`guards.FiniteLogitsGuard`, a step callback) on every sampler call (optional);
+5. row-by-row retry: with `retry`, a batch that raises a runtime error (not a ValueError, which means bad setup,
+   nor a KeyboardInterrupt, which both stop the run) is run again one row at a time, and a row that still fails
+   comes back with its `error` instead of tokens; without `retry` the error propagates;
+6. progress: one bar over the batches (`progress`, `desc`).
+
+It yields one list of `RowResult` per batch, in position order, before the next batch starts, so a caller can
+append the batch to its records at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..backbones.base import Backbone
+from ..loading import check_prompt_lengths, context_limit
+from ..model import DSLModel
+from ..utils import progress as progress_bar
+from .common import PromptBatch, SampleOutput
+from .dispatch import SamplerConfig, sample
+from .guards import FiniteLogitsGuard
+
+__all__ = ["RowResult", "run_batch", "run_batches"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RowResult:
+    """One prompt's outcome: its tokens (or its error) and the accounting of the sampler call that made it."""
+
+    index: int
+    """Position of the prompt in the list given to `run_batches`."""
+    seed: int
+    """The seed of the row's generator (`seed_of(index)`)."""
+    output: SampleOutput | None
+    """The whole call's output (shared by the rows of one call); None when the row failed."""
+    row: int
+    """The row's position inside `output`."""
+    error: str | None
+    """'ExceptionType: message' when the row failed (after its retry alone), else None."""
+    seconds: float
+    """Wall time of the call that made this row, divided by its number of rows."""
+    batch_seconds: float
+    """Wall time of that call."""
+    batch_size: int
+    """Rows in that call (1 for a retried row)."""
+
+    @property
+    def ids(self) -> list[int] | None:
+        """The row's full response ids (every position, before EOS truncation)."""
+        return None if self.output is None else self.output.ids[self.row].tolist()
+
+    @property
+    def response(self) -> list[int] | None:
+        """The row's response ids truncated at EOS as the config says (`SampleOutput.responses`)."""
+        if self.output is None:
+            return None
+        return self.output.ids[self.row, : int(self.output.lengths[self.row])].tolist()
+
+
+def run_batch(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig,
+              seeds: Sequence[int], *, guard: bool = True, progress: bool = False) -> SampleOutput:
+    """One left-padded batch through the sampler the config's type picks; row j uses a CPU generator seeded
+    `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode)."""
+    device = next(model.parameters()).device
+    batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device)
+    gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+    return sample(model, batch, config, generator=gens, progress=progress,
+                  callback=FiniteLogitsGuard() if guard else None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig, *,
+                batch_size: int, seed_of: Callable[[int], int], skip: Collection[int] = (), retry: bool = True,
+                guard: bool = True, check_context: bool = True, progress: bool = False,
+                desc: str = "sample") -> Iterator[list[RowResult]]:
+    """Run `prompt_ids` through `config` in batches (see the module docstring); yields each batch's rows."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
+    n = len(prompt_ids)
+    if check_context:
+        check_prompt_lengths(prompt_ids, context=context_limit(model), gen_length=config.gen_length)
+    done = set(skip)
+    device = next(model.parameters()).device
+    grid = [[i for i in range(s, min(s + batch_size, n)) if i not in done] for s in range(0, n, batch_size)]
+    grid = [idx for idx in grid if idx]
+
+    def call(idx: list[int]) -> list[RowResult]:
+        seeds = [seed_of(i) for i in idx]
+        _sync(device)
+        t0 = time.perf_counter()
+        out = run_batch(model, [prompt_ids[i] for i in idx], config, seeds, guard=guard)
+        _sync(device)
+        dt = time.perf_counter() - t0
+        return [RowResult(i, s, out, j, None, dt / len(idx), dt, len(idx)) for j, (i, s) in enumerate(zip(idx, seeds))]
+
+    def failed(i: int, e: BaseException, dt: float) -> RowResult:
+        log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i, type(e).__name__, e)
+        return RowResult(i, seed_of(i), None, 0, f"{type(e).__name__}: {e}", dt, dt, 1)
+
+    def _one_by_one(idx: list[int], e: BaseException) -> list[RowResult]:
+        log.warning("batch of %d prompts (%d..%d) raised %s: %s; running its rows one by one", len(idx), idx[0],
+                    idx[-1], type(e).__name__, e)
+        rows: list[RowResult] = []
+        for i in idx:
+            t1 = time.perf_counter()
+            try:
+                rows += call([i])
+            except (ValueError, KeyboardInterrupt):
+                raise
+            except Exception as e1:  # noqa: BLE001
+                rows.append(failed(i, e1, time.perf_counter() - t1))
+        return rows
+
+    for idx in progress_bar(grid, total=len(grid), desc=desc, enabled=progress):
+        try:
+            rows = call(idx)
+        except (ValueError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a runtime failure of this batch: retry its rows one by one
+            if not retry:
+                raise
+            rows = [failed(idx[0], e, 0.0)] if len(idx) == 1 else _one_by_one(idx, e)
+        yield rows
