@@ -233,7 +233,11 @@ def test_sigterm_with_a_long_request_exits_within_the_grace_period(model_dir):
                 raise
             t_term = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=60)
+            try:
+                rc = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # fail fast (the pool would otherwise wait for the long request)
+                raise
             exited_after = time.monotonic() - t_term
             try:
                 status = long.result().status_code
