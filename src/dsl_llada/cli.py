@@ -156,8 +156,8 @@ def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str,
                   file=sys.stderr)
         return 130
     except NonFiniteLogitsError as e:
-        raise ValueError(f"model {a.model!r}: {e}; check its model.safetensors (re-convert, or use an earlier "
-                         f"checkpoint)") from None
+        raise ValueError(f"model {a.model!r}: non-finite numbers: {e}; check its model.safetensors (re-convert, or "
+                         f"use an earlier checkpoint)") from None
     if out is not None:
         out.finish(len(prompts))
         final = [out.done[i] for i in range(len(prompts))]

@@ -10,7 +10,7 @@ world's evaluation, sweep and cache frontier, the benchmarks); the server batche
    done): so a resumed run makes exactly the batches of an uninterrupted one, minus the finished rows;
 3. per-row seeds: row i samples with its own CPU generator seeded `seed_of(i)`, so its tokens depend neither on
    the batch size nor on its batch-mates;
-4. the NaN guard (`guards.check_finite_first_forward`) around every sampler call (optional);
+4. the NaN guard (`guards.FiniteLogitsGuard`, a step callback) on every sampler call (optional);
 5. row-by-row retry: with `retry`, a batch that raises a runtime error (not a ValueError, which means bad setup,
    nor a KeyboardInterrupt, which both stop the run) is run again one row at a time, and a row that still fails
    comes back with its `error` instead of tokens; without `retry` the error propagates;
@@ -35,7 +35,7 @@ from ..model import DSLModel
 from ..utils import progress as progress_bar
 from .common import PromptBatch, SampleOutput
 from .dispatch import SamplerConfig, sample
-from .guards import check_finite_first_forward
+from .guards import FiniteLogitsGuard
 
 __all__ = ["RowResult", "run_batch", "run_batches"]
 
@@ -79,14 +79,12 @@ class RowResult:
 def run_batch(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig,
               seeds: Sequence[int], *, guard: bool = True, progress: bool = False) -> SampleOutput:
     """One left-padded batch through the sampler the config's type picks; row j uses a CPU generator seeded
-    `seeds[j]`. With `guard`, non-finite logits on the first forward raise NonFiniteLogitsError."""
+    `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode)."""
     device = next(model.parameters()).device
     batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device)
     gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
-    if not guard:
-        return sample(model, batch, config, generator=gens, progress=progress)
-    with check_finite_first_forward(model):
-        return sample(model, batch, config, generator=gens, progress=progress)
+    return sample(model, batch, config, generator=gens, progress=progress,
+                  callback=FiniteLogitsGuard() if guard else None)
 
 
 def _sync(device: torch.device) -> None:
