@@ -14,11 +14,16 @@ import torch
 from .common import StepInfo
 from .observers import chain_callbacks
 
-__all__ = ["NonFiniteLogitsError", "NonFiniteStateError", "FiniteLogitsGuard", "chain_callbacks", "check_finite_state"]
+__all__ = ["WEIGHTS_MESSAGE", "FiniteLogitsGuard", "NonFiniteLogitsError", "NonFiniteStateError", "chain_callbacks",
+           "check_finite_state", "has_broken_logits"]
 
 
 class NonFiniteLogitsError(ValueError):
     """The model's first step of a sampler run produced NaN/+inf logits (damaged or diverged weights)."""
+
+
+WEIGHTS_MESSAGE = ("the model's first forward pass produced non-finite (NaN/inf) logits: its weights are damaged or "
+                   "come from a diverged training run")
 
 
 def has_broken_logits(logits: torch.Tensor) -> bool:
@@ -38,8 +43,7 @@ class FiniteLogitsGuard:
             return
         self.checked = True
         if has_broken_logits(info.logits):
-            raise NonFiniteLogitsError("the model's first forward pass produced non-finite (NaN/inf) logits: its "
-                                       "weights are damaged or come from a diverged training run")
+            raise NonFiniteLogitsError(WEIGHTS_MESSAGE)
 
 
 class NonFiniteStateError(NonFiniteLogitsError):
