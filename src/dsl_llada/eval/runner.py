@@ -26,9 +26,9 @@ from ..config import ConfigError
 from ..sampling.batches import retry_rows
 from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
-from . import records as R
+from . import shards as R
 from .eval_config import EvalConfig, MethodSpec, config_diff
-from .data import Sample
+from .samples import Sample
 from .tasks import get_task
 
 logger = logging.getLogger(__name__)
@@ -421,7 +421,7 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
                      "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
                      "info": s.info})
         if timing:
-            from .walltime import peak_memory_mib
+            from .tasks.walltime import peak_memory_mib
 
             recs[-1]["peak_mem_mib"] = peak_memory_mib(loaded.device)
     return recs
