@@ -5,13 +5,20 @@ in this process), every client sends its requests one after another, and we chec
 and that each output equals the library's own sample for the same prompt and seed (a batch of one). Reported: p50/p95
 latency, requests/s and generated tokens/s per mode, and the throughput ratio batched / unbatched.
 
+`--rounds R` runs the issue-19 comparison instead, interleaved over R rounds (each round measures every variant once,
+so a load change on a shared machine hits all of them): a single client's request latency against the library's
+`generate` path (encode + sampler + decode) on the same settings, and the throughput of 16 concurrent clients
+against a `--max-batch 1` server; medians with the spread over the rounds, plus the environment record.
+
 Usage:  python benchmarks/bench_serve.py [--model DIR] [--clients 8] [--requests 4] [--max-batch 8] [--write]
+        python benchmarks/bench_serve.py --rounds 3 [--clients 16] [--requests 2] [--write]
 Bounded: at most 2,000 requests per mode and --timeout-s seconds per mode; loopback only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -145,7 +152,7 @@ def run_mode(model, tok, items, *, sampler: str, fields: dict, gen_length: int, 
                       statistics.mean(batch_sizes) if batch_sizes else 0.0)
 
 
-def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int = 8, max_wait_ms: float = 20.0,
+def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int = 8, max_wait_ms: float = 0.0,
               sampler: str = "sde", steps: int = 16, gen_length: int = 32, timeout_s: float = 300.0) -> dict:
     if clients * requests > MAX_REQUESTS:
         raise ValueError(f"clients x requests = {clients * requests} exceeds the bound of {MAX_REQUESTS}")
@@ -169,6 +176,121 @@ def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int
             "throughput_ratio": [round(tput(m) / tput(single), 2) for m in modes[:-1]],
             "p50_ratio": [round(statistics.median(single.latencies) / statistics.median(m.latencies), 2)
                           for m in modes[:-1]]}
+
+
+class Server:
+    """An in-process server on an ephemeral loopback port, with an `openai` client."""
+
+    def __init__(self, model, tok, *, max_batch: int, timeout_s: float):
+        import openai
+        import uvicorn
+
+        app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_queue=MAX_REQUESTS)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.client = openai.OpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="unused", max_retries=0,
+                                    timeout=timeout_s)
+
+    def ask(self, prompt: str, seed: int, gen_length: int, fields: dict) -> str:
+        r = self.client.chat.completions.create(model="bench", messages=[{"role": "user", "content": prompt}],
+                                                max_tokens=gen_length, seed=seed, extra_body=fields)
+        return r.choices[0].message.content
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int = 2, sampler: str = "sde",
+               steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0) -> dict:
+    """The interleaved comparison of the module docstring; every output is also checked against the library."""
+    if rounds < 1 or clients * requests > MAX_REQUESTS:
+        raise ValueError(f"rounds={rounds} must be >= 1 and clients x requests <= {MAX_REQUESTS}")
+    fields = {"sampler": sampler, **({"nfe": steps} if sampler in ("sde", "block-sde") else {"steps": steps})}
+    config = (SDEConfig(nfe=steps, gen_length=gen_length) if sampler in ("sde", "block-sde")
+              else RemaskConfig(steps=steps, gen_length=gen_length, remdm=sampler == "remdm"))
+    prompt = PROMPTS[0]  # one prompt length: every request may share a batch (per-row seeds keep outputs apart)
+
+    def library(seed: int) -> str:
+        ids = encode_prompt(tok, prompt)
+        res = run_sampler(model, sampler, config, PromptBatch.from_lists([ids], pad_id=model.special.pad_id),
+                          [seeded_generator(seed)])
+        return tok.decode(res.responses()[0], skip_special_tokens=True)
+
+    batched = Server(model, tok, max_batch=clients, timeout_s=timeout_s)
+    single = Server(model, tok, max_batch=1, timeout_s=timeout_s)
+    times: dict[str, list[float]] = {"generate": [], "server, 1 client": [], "batched, N clients": [],
+                                     "--max-batch 1, N clients": []}
+    mismatches = 0
+    try:
+        for r in range(rounds):
+            seed = 10_000 * (r + 1)
+            t0 = time.perf_counter()
+            want = library(seed)
+            times["generate"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            got = batched.ask(prompt, seed, gen_length, fields)
+            times["server, 1 client"].append(time.perf_counter() - t0)
+            mismatches += got != want
+            for label, srv in (("batched, N clients", batched), ("--max-batch 1, N clients", single)):
+                seeds = [[seed + 1 + c * requests + k for k in range(requests)] for c in range(clients)]
+
+                def one(client_seeds, srv=srv):
+                    return [srv.ask(prompt, s, gen_length, fields) for s in client_seeds]
+
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(clients) as pool:
+                    list(pool.map(one, seeds))
+                times[label].append(time.perf_counter() - t0)
+    finally:
+        batched.close()
+        single.close()
+
+    def med(xs):
+        return statistics.median(xs)
+
+    lat_ratio = [s / g for s, g in zip(times["server, 1 client"], times["generate"])]
+    tput_ratio = [m / b for b, m in zip(times["batched, N clients"], times["--max-batch 1, N clients"])]
+    return {"rounds": rounds, "clients": clients, "requests_per_client": requests, "sampler": sampler, "steps": steps,
+            "gen_length": gen_length, "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
+            "latency_ratio": {"median": round(med(lat_ratio), 4), "min": round(min(lat_ratio), 4),
+                              "max": round(max(lat_ratio), 4)},
+            "throughput_ratio": {"median": round(med(tput_ratio), 3), "min": round(min(tput_ratio), 3),
+                                 "max": round(max(tput_ratio), 3)},
+            "single_client_equal_to_library": f"{rounds - mismatches}/{rounds}"}
+
+
+def markdown_rounds(result: dict, *, command: str, model_desc: str) -> str:
+    from dsl_llada.environment import environment_record
+
+    env = environment_record(device="cpu", dtype="float32")
+    n = result["clients"] * result["requests_per_client"]
+    lines = ["", f"### Serving: single-client latency and {result['clients']}-client throughput "
+                 f"({time.strftime('%Y-%m-%d')})", "", f"Command: `{command}`", "",
+             f"Model: {model_desc}; sampler {result['sampler']}, {result['steps']} NFE/steps, "
+             f"{result['gen_length']} tokens; {result['rounds']} interleaved rounds (each round: `generate` path, one "
+             f"request to the server, {n} requests from {result['clients']} concurrent clients to the batching server "
+             f"(--max-batch {result['clients']}, no batch wait), the same to a `--max-batch 1` server); server and "
+             f"clients in one process, {torch.get_num_threads()} torch thread(s), load average "
+             f"{os.getloadavg()[0]:.1f} at the end (**a shared machine: the ratios measured within "
+             f"each round are the figures to trust**).", "",
+             "| variant | median s | min s | max s |", "|---|---|---|---|"]
+    for k, v in result["seconds"].items():
+        lines.append(f"| {k} | {statistics.median(v):.4f} | {min(v):.4f} | {max(v):.4f} |")
+    lr, tr = result["latency_ratio"], result["throughput_ratio"]
+    lines += ["", f"Single-client latency / `generate`: **{lr['median']:.3f}x** (range {lr['min']:.3f}–{lr['max']:.3f}; "
+                  f"target within 1.05x); throughput batched / `--max-batch 1` at {result['clients']} clients: "
+                  f"**{tr['median']:.2f}x** (range {tr['min']:.2f}–{tr['max']:.2f}; target >= 2.5x). Single-client "
+                  f"outputs equal to the library: {result['single_client_equal_to_library']}.", "",
+              "<details><summary>environment record</summary>", "", "```json",
+              json.dumps(env, indent=1, sort_keys=True, default=str), "```", "", "</details>", ""]
+    return "\n".join(lines)
 
 
 def markdown(result: dict, *, command: str, model_desc: str) -> str:
@@ -199,7 +321,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client")
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--max-wait-ms", type=float, default=20.0)
+    ap.add_argument("--max-wait-ms", type=float, default=0.0, help="the server default: no batch wait")
     ap.add_argument("--sampler", default="sde", choices=["sde", "remask", "remdm"])
     ap.add_argument("--steps", type=int, default=16, help="NFE (sde) or steps (remask/remdm)")
     ap.add_argument("--gen-length", type=int, default=32)
@@ -208,18 +330,25 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="run the interleaved single-client / N-client comparison over this many rounds instead")
     a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
         model, tok = load_model(path), load_tokenizer(path)
         desc = (a.model_desc or f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
                 f"of {len(tok)} tokens)")
-        result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
-                           max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,
-                           timeout_s=a.timeout_s)
+        if a.rounds is not None:
+            result = run_rounds(model, tok, rounds=a.rounds, clients=a.clients, requests=a.requests,
+                                sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s)
+        else:
+            result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
+                               max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,
+                               timeout_s=a.timeout_s)
     import sys
 
-    text = markdown(result, command="python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]]), model_desc=desc)
+    command = "python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]])
+    text = (markdown_rounds if a.rounds is not None else markdown)(result, command=command, model_desc=desc)
     text = text.rstrip("\n") + "\n\n" + environment_note() + "\n"
     print(text)
     if a.write:

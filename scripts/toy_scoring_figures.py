@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from dsl_llada.eval import correction as C
-from dsl_llada.eval import probes as P
+from dsl_llada.eval import fix_clean as C
+from dsl_llada.eval import forward_probes as P
 from dsl_llada.eval.report import markdown_table
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.evaluate import error_correction

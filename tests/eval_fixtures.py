@@ -78,7 +78,9 @@ def base_config(models: dict[str, Path], tasks: list[dict], *, methods: list[dic
     """An EvalConfig dict over the tiny models."""
     methods = methods or [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"},
                           {"name": "LLaDA", "model": "llada", "preset": "llada"}]
-    return {"models": [{"name": "dsl", "path": str(models["dsl"])}, {"name": "llada", "path": str(models["llada"])}],
+    # fp32 pinned: the default 'auto' is bf16 on a CPU with native bf16 and fp32 elsewhere, and tests compare values
+    return {"models": [{"name": "dsl", "path": str(models["dsl"]), "dtype": "float32"},
+                       {"name": "llada", "path": str(models["llada"]), "dtype": "float32"}],
             "methods": methods, "tasks": tasks, "nfe": [4], "seeds": [42], "batch_size": 3, "device": "cpu", **kw}
 
 

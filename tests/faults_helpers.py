@@ -4,6 +4,7 @@ checkpoint on disk, and helpers that snapshot a folder so a test can assert that
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -14,6 +15,28 @@ from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 
 CONTEXT = 64
 """max_sequence_length of the tiny models: small, so an over-long prompt is cheap to write."""
+
+GENERATE_SAMPLING = ["--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q"]
+"""The cheap sampler flags of the `generate` fault tests."""
+
+
+def generate_prompts(n: int) -> list[str]:
+    """`n` prompts of three lengths for the `generate` fault tests."""
+    return [f"write about the ocean {'and the forest ' * (i % 3)}." for i in range(n)]
+
+
+def make_dsl_dir(folder: Path) -> Path:
+    """`folder`/dsl: `dsl-llada convert` of a tiny backbone (`make_backbone_dir`) made in `folder`/backbone."""
+    from dsl_llada.cli import main
+
+    assert main(["convert", str(make_backbone_dir(folder / "backbone")), str(folder / "dsl"), "--noise-dim", "8"]) == 0
+    return folder / "dsl"
+
+
+def write_prompts_jsonl(path: Path, prompts: list[str]) -> Path:
+    """A prompts file of `{"prompt": ...}` lines."""
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in prompts))
+    return path
 
 
 def make_backbone_dir(path: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 from dsl_llada.eval import answers as A
 from dsl_llada.eval import authors as AU
 from dsl_llada.eval import metrics as M
-from dsl_llada.eval.correction import random_token_cases
+from dsl_llada.eval.fix_clean import random_token_cases
 from dsl_llada.eval.judge import AXES, Pair, Sample, build_messages, parse_reply
 
 

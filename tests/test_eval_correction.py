@@ -1,4 +1,4 @@
-"""Fix/Clean error correction (dsl_llada.eval.correction): hand-checked stubs, tiny seeded models, real data."""
+"""Fix/Clean error correction (dsl_llada.eval.fix_clean): hand-checked stubs, tiny seeded models, real data."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import V, perturb_converter, tiny_backbone, tiny_dsl
 
-from dsl_llada.eval import correction as C
+from dsl_llada.eval import fix_clean as C
 
 
 class _Special:

@@ -12,7 +12,7 @@ from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (ses
 from dsl_llada.cli import main
 from dsl_llada.config import ConfigError
 from dsl_llada.eval.eval_config import EvalConfig, apply_overrides, load_eval_config
-from dsl_llada.eval.data import DataError
+from dsl_llada.eval.samples import DataError
 from dsl_llada.eval.runner import run_eval
 
 
@@ -173,7 +173,7 @@ def test_disk_full_keeps_earlier_records(tmp_path, monkeypatch):
     """A write that fails half-way (ENOSPC) leaves the shard ending on the last complete record."""
     import errno
 
-    from dsl_llada.eval.records import ShardWriter, iter_lines
+    from dsl_llada.eval.shards import ShardWriter, iter_lines
 
     w = ShardWriter(tmp_path / "rank-0.jsonl")
     w.write_many([{"key": "a", "v": 1}, {"key": "b", "v": 2}])

@@ -16,7 +16,7 @@ import pytest
 from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.eval.eval_config import EvalConfig
-from dsl_llada.eval.records import read_records
+from dsl_llada.eval.shards import read_records
 from dsl_llada.eval.runner import run_eval
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import MASK, V, perturb_converter, tiny_backbone, tiny_dsl
 
-from dsl_llada.eval import probes as P
+from dsl_llada.eval import forward_probes as P
 
 
 class _Special:

@@ -10,7 +10,7 @@ import pytest
 from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
 from dsl_llada.eval.eval_config import EvalConfig
-from dsl_llada.eval.records import read_records
+from dsl_llada.eval.shards import read_records
 from dsl_llada.eval.runner import run_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -123,7 +123,7 @@ def test_reasoning_scores_both_modes(models, tmp_path):
 
 
 def test_correction_task(models, tmp_path):
-    from dsl_llada.eval import correction as C
+    from dsl_llada.eval import fix_clean as C
     from dsl_llada.loading import load_model, load_tokenizer
 
     d = data_dir()
@@ -158,7 +158,7 @@ def test_correction_task(models, tmp_path):
 
 
 def test_probes_task(models, tmp_path):
-    from dsl_llada.eval import probes as P
+    from dsl_llada.eval import forward_probes as P
     from dsl_llada.loading import load_model, load_tokenizer
 
     d = data_dir()

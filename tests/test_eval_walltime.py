@@ -11,9 +11,9 @@ from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (ses
 
 from dsl_llada.eval import models as M
 from dsl_llada.eval.eval_config import EvalConfig
-from dsl_llada.eval.records import read_records
+from dsl_llada.eval.shards import read_records
 from dsl_llada.eval.runner import run_eval
-from dsl_llada.eval.walltime import choose_prompts
+from dsl_llada.eval.tasks.walltime import choose_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

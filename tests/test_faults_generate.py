@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_helpers import CONTEXT, error_lines, make_backbone_dir
+from faults_helpers import (CONTEXT, GENERATE_SAMPLING, error_lines, generate_prompts, make_dsl_dir,
+                            write_prompts_jsonl)
 
 import dsl_llada.sampling.batches as batches_mod
 import dsl_llada.jsonl_log as jsonl_log_mod
@@ -22,23 +23,18 @@ from dsl_llada.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 12
-PROMPTS = [f"write about the ocean {'and the forest ' * (i % 3)}." for i in range(N)]
-SAMPLING = ["--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q"]
+PROMPTS = generate_prompts(N)
+SAMPLING = GENERATE_SAMPLING
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("faults-gen")
-    backbone = make_backbone_dir(d / "backbone")
-    assert main(["convert", str(backbone), str(d / "dsl"), "--noise-dim", "8"]) == 0
-    return d / "dsl"
+    return make_dsl_dir(tmp_path_factory.mktemp("faults-gen"))
 
 
 @pytest.fixture(scope="module")
 def prompts_file(model):
-    p = model.parent / "prompts.jsonl"
-    p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in PROMPTS))
-    return p
+    return write_prompts_jsonl(model.parent / "prompts.jsonl", PROMPTS)
 
 
 def args(model, prompts_file, out, *extra, batch=3):

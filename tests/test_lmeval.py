@@ -3,6 +3,7 @@ multiple choice, rolling perplexity) with a tiny LLaDA-architecture model and a 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -54,26 +55,19 @@ def model_dirs(tmp_path_factory):
     return root
 
 
+def _example_script():
+    """scripts/lmeval_tiny_example.py (the worked example of docs/evaluation.md), loaded as a module."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "lmeval_tiny_example.py"
+    spec = importlib.util.spec_from_file_location("lmeval_tiny_example", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def _tasks(root: Path) -> Path:
     tasks = root / "tasks"
     tasks.mkdir(exist_ok=True)
-    (tasks / "gsm_local.yaml").write_text(f"""task: gsm_local
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {GSM8K}
-test_split: test
-output_type: generate_until
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_target: "{{{{gold_answer}}}}"
-generation_kwargs:
-  until: ["\\n\\n", "Question:"]
-  max_gen_toks: 8
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-""")
+    (tasks / "gsm_local.yaml").write_text(_example_script().TASK.format(data=GSM8K))  # the worked example's task
     mc = root / "mc.jsonl"
     mc.write_text("".join(json.dumps({"q": f"How many apples are {i} plus {i}?", "choices": [str(2 * i), str(i), "7"],
                                       "label": 0}) + "\n" for i in range(1, 5)))

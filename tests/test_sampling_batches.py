@@ -131,3 +131,31 @@ def test_run_batch_guards_against_nan_weights(model):
         run_batch(broken, PROMPTS[:2], CONFIGS[0], [1, 2], guard=False)
     with pytest.raises(NonFiniteStateError, match="SDE state"):
         run_batch(broken, PROMPTS[:2], CONFIGS[1], [1, 2], guard=False)
+
+
+def test_retry_rows_policy_eval_style_and_runner_style():
+    """The one retry rule: eval records every Exception per row (ValueError included); the batch runner's fatal
+    errors propagate; a batch of one is retried only with retry_single."""
+    from dsl_llada.sampling.batches import retry_rows
+
+    calls = []
+
+    def call(items):
+        calls.append(list(items))
+        if 2 in items:
+            raise ValueError(f"bad row in {items}")
+        return [i * 10 for i in items]
+
+    def failed(item, e, seconds):
+        return f"{item}: {type(e).__name__}: {e}"
+
+    assert retry_rows([1, 2, 3], call, failed) == [10, "2: ValueError: bad row in [2]", 30]
+    assert calls == [[1, 2, 3], [1], [2], [3]]
+    with pytest.raises(ValueError, match=r"bad row in \[1, 2, 3\]"):
+        retry_rows([1, 2, 3], call, failed, fatal=(ValueError,))
+    calls.clear()
+    assert retry_rows([2], call, failed, retry_single=False) == ["2: ValueError: bad row in [2]"]
+    assert calls == [[2]]
+    calls.clear()
+    assert retry_rows([2], call, failed) == ["2: ValueError: bad row in [2]"] and calls == [[2], [2]]
+    assert retry_rows([1, 3], call, failed) == [10, 30]

@@ -354,6 +354,9 @@ def test_trajectory_and_callback(model):
     c = cfg(nfe=8)
     infos = []
     out = sample_sde(model, prompts(model), c, generator=gen(0), callback=infos.append, return_trajectory=True)
+    decode = infos.pop()  # the decode call after the last solver step: the final tokens, all committed
+    assert decode.decode and torch.equal(decode.tokens.cpu(), out.ids) and bool(decode.committed.all())
+    assert not any(i.decode or i.committed.any() for i in infos) and decode.window == (0, 8)
     S = c.steps
     grid = snr_schedule("sensitive", S)
     assert len(out.trajectory) == S and all(t.shape == (3, 8) for t in out.trajectory)
@@ -369,7 +372,7 @@ def test_trajectory_and_callback(model):
 def test_callback_with_paper_exact_schedule_ends_at_gamma_max(model):
     infos = []
     sample_sde(model, prompts(model), cfg(nfe=4, schedule="paper-exact"), generator=gen(0), callback=infos.append)
-    assert [i.gamma for i in infos] == [7.0, 100.0]
+    assert [i.gamma for i in infos if not i.decode] == [7.0, 100.0]
 
 
 # -- block SDE -------------------------------------------------------------------------------------------------------------------------
@@ -419,6 +422,10 @@ def test_block_sde_trajectory_and_callback(model):
     c = cfg(gen_length=8, block_length=4, nfe=4)
     infos = []
     out = sample_block_sde(model, prompts(model), c, generator=gen(0), callback=infos.append, return_trajectory=True)
+    decodes = [i for i in infos if i.decode]
+    infos = [i for i in infos if not i.decode]
+    assert [d.window for d in decodes] == [(0, 4), (4, 8)] and torch.equal(decodes[-1].tokens.cpu(), out.ids)
+    assert [d.newly_committed[0].tolist() for d in decodes] == [[True] * 4 + [False] * 4, [False] * 4 + [True] * 4]
     S = c.steps
     grid = snr_schedule("sensitive", S)[1:].tolist()
     assert len(out.trajectory) == 2 * S and len(infos) == 2 * S

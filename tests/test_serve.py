@@ -44,8 +44,11 @@ def test_models_health_and_metrics(tiny):
     with TestClient(create_app(model, tok, model_name="tiny")) as c:
         assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
         health = c.get("/health").json()
-        env = health.pop("environment")  # where the server runs (issue 18): versions, CPU, threads, dtype, load
-        assert health == {"status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
+        assert {k: health[k] for k in ("status", "model", "queue_length", "running")} == {
+            "status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
+        assert health["environment"]["dsl_llada"] and health["limits"]["max_tokens"] == 64
+        assert 0 <= health["last_progress_s_ago"] < health["limits"]["request_timeout_s"]
+        env = health["environment"]  # where the server runs (issue 18): versions, CPU, threads, dtype, load
         assert env["device"] == "cpu" and env["dtype"] == "float32" and env["threads"]["intra_op"] >= 1
         assert env["cpu_capability"] and env["libraries"]["torch"] and env["load_average_start"] is not None
         r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=0))
@@ -201,7 +204,23 @@ def test_remask_stream_shows_masks_resolving(tiny):
     (chat("x", sampler="remask", eta=0.1), "eta", "SDE samplers"),
     (chat("x", max_tokens=0), "max_tokens", "greater than or equal to 1"),
     (chat("x", n=0), "n", "greater than or equal to 1"),
-    (chat("x " * 60, max_tokens=8), "messages", "exceed the model's context of 64"),
+    (chat("x " * 40, max_tokens=40), "messages", "exceed the model's context of 64"),
+    (chat("x " * 60, max_tokens=8), "messages", "more than this server's limit of 63 (--max-prompt-tokens)"),
+    (chat("x", nfe=10**9), "nfe", "nfe=1000000000 exceeds this server's limit of 1024 (set by --max-nfe"),
+    (chat("x", sampler="remask", steps=5000), "steps", "limit of 1024 (set by --max-steps"),
+    (chat("x", max_tokens=10**6), "max_tokens", "set by --max-tokens"),
+    (chat("x", sampler="block-sde", block_length=2, max_tokens=40, nfe=64), "nfe", "nfe=1280 exceeds"),
+    (chat("x", compile=True), "compile", "not a request field"),
+    (chat("x", dtype="float16"), "dtype", "not a request field"),
+    (chat("x", threads=64), "threads", "not a request field"),
+    (chat("x", tools=[{"type": "function"}]), "tools", "'tools' is not supported"),
+    (chat("x", frequency_penalty=0.5), "frequency_penalty", "not supported"),
+    (chat("x", top_p=0.9), "top_p", "top_p=0.9 is not supported"),
+    (chat("x", top_logprobs=2), "top_logprobs", "needs logprobs=true"),
+    (chat("x", n=40), "n", "less than or equal to 16"),
+    ({"prompt": ["a"] * 65}, "prompt", "65 prompts exceed"),
+    ({"prompt": "a", "logprobs": 9}, "logprobs", "less than or equal to 5"),
+    (chat("x", stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
     ({"prompt": [5, 10**6]}, "prompt", "outside the vocabulary"),
     (chat("x", kv_cache="full"), "kv_cache", "Input should be 'off', 'prefix' or 'dual'"),
     (chat("x", sampler="remask", kv_cache="dual", cfg_scale=1.0), "kv_cache", "cfg_scale=1.0 is not supported"),
@@ -230,11 +249,35 @@ def test_malformed_json_unknown_model_and_bare_backbone(tiny, model_dir):
         assert r.status_code == 200 and r.json()["dsl_llada"]["sampler"] == "remask"
 
 
-def test_full_queue_gets_429(tiny):
+@pytest.mark.parametrize("raw,param", [
+    (b'{"messages": [{"role": "user", "content": "x"}], "eta": Infinity}', "eta"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN, "sampler": "remask"}', "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_m": -Infinity}', "top_m"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "converter_tolerance": Infinity}', "converter_tolerance"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "eta": Infinity, "stream": true}', "eta"),
+    (b'{"prompt": "x", "eta": Infinity}', "eta"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "eta": "fast"}', "eta"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "seed": 1.5}', "seed"),
+])
+def test_non_finite_and_wrongly_typed_numbers_get_a_json_400(tiny, raw, param):
+    model, tok = tiny
+    url = "/v1/completions" if b'"prompt"' in raw else "/v1/chat/completions"
+    with TestClient(create_app(model, tok, model_name="tiny")) as c:
+        r = c.post(url, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_full_queue_gets_429_and_a_request_larger_than_the_queue_400(tiny):
     model, tok = tiny
     with TestClient(create_app(model, tok, model_name="tiny", max_queue=2)) as c:
         r = c.post("/v1/chat/completions", json=chat("x", n=3, max_tokens=4, nfe=2))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large"  # can never fit
+        svc = c.app.state.service
+        svc.batcher.pending.extend([object(), object()])  # two jobs waiting: the queue is full
+        r = c.post("/v1/chat/completions", json=chat("x", max_tokens=4, nfe=2))
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full" and r.headers["retry-after"] == "1"
+        svc.batcher.pending.clear()
         r = c.post("/v1/chat/completions", json=chat("x", n=2, max_tokens=4, nfe=2, seed=1))
         assert r.status_code == 200 and [ch["index"] for ch in r.json()["choices"]] == [0, 1]
 
@@ -323,8 +366,10 @@ def test_api_key(tiny):
 
 def test_cli_help_and_bad_values(capsys, model_dir):
     for sub, opts in (("serve", ["--model", "--tokenizer", "--host", "--port", "--max-batch", "--max-wait-ms",
-                                 "--max-queue", "--api-key", "--api-key-file", "--ui"]),
-                      ("ui", ["--model", "--tokenizer", "--host", "--port", "--toy-dir"])):
+                                 "--max-queue", "--api-key", "--api-key-file", "--ui", "--max-nfe", "--max-steps",
+                                 "--max-tokens", "--max-prompt-tokens", "--max-body-bytes", "--request-timeout-s",
+                                 "--shutdown-grace-s", "--allowed-host", "default 8000"]),
+                      ("ui", ["--model", "--tokenizer", "--host", "--port", "--toy-dir", "default 7860"])):
         with pytest.raises(SystemExit) as e:
             main([sub, "--help"])
         assert e.value.code == 0
@@ -338,6 +383,23 @@ def test_cli_help_and_bad_values(capsys, model_dir):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--model", str(model_dir), "--ui", "--api-key", "k"]) == 2
     assert "--ui cannot be combined with --api-key" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", str(model_dir), "--max-nfe", "0"])
+    assert e.value.code == 2 and "'0' must be >= 1" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_naming_it(capsys, model_dir):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for sub in ("serve", "ui"):
+            assert main([sub, "--model", str(model_dir), "--port", str(port)]) == 2
+            err = capsys.readouterr().err
+            assert err.strip() == f"error: port {port} on 127.0.0.1 is already in use; pick another with --port " \
+                                  f"(or stop the process that holds it)"
 
 
 def test_official_openai_client_streams_and_ignores_the_extension(tiny):

@@ -42,3 +42,19 @@ def test_small_load_test(tmp_path):
     assert text.count("| 8/8 | 8/8 |") == 3 and "Throughput ratio" in text
     with pytest.raises(ValueError, match="exceeds the bound"):
         bench.run_bench(model, tok, clients=100, requests=100)
+
+
+def test_interleaved_rounds(tmp_path):
+    pytest.importorskip("openai", reason="the load test uses the official openai client (pip install openai)")
+    bench = load_bench()
+    path = bench.build_tiny_model(tmp_path / "tiny", d_model=32)
+    model, tok = load_model(path), load_tokenizer(path)
+    result = bench.run_rounds(model, tok, rounds=2, clients=3, requests=1, sampler="remask", steps=4, gen_length=8)
+    assert result["single_client_equal_to_library"] == "2/2"
+    assert {k: len(v) for k, v in result["seconds"].items()} == {
+        "generate": 2, "server, 1 client": 2, "batched, N clients": 2, "--max-batch 1, N clients": 2}
+    assert result["latency_ratio"]["min"] <= result["latency_ratio"]["median"] <= result["latency_ratio"]["max"]
+    text = bench.markdown_rounds(result, command="python benchmarks/bench_serve.py --rounds 2", model_desc="tiny")
+    assert "Single-client latency / `generate`" in text and '"load_average_start"' in text
+    with pytest.raises(ValueError, match="rounds=0"):
+        bench.run_rounds(model, tok, rounds=0)

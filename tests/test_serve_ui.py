@@ -87,7 +87,8 @@ def test_ui_in_headless_chromium(tiny, tmp_path):
         browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"], headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/ui/", wait_until="networkidle", timeout=60_000)
+            page.goto(f"{base}/ui/", wait_until="load", timeout=120_000)
+            page.locator("#run").wait_for(timeout=120_000)  # (not "networkidle": the heartbeat stream stays open)
             page.locator("#prompt textarea").fill(PROMPT)
             for elem, value in (("seed", seed), ("gen-length", length), ("nfe-a", nfe), ("nfe-b", steps)):
                 box = page.locator(f"#{elem} input")
@@ -104,6 +105,32 @@ def test_ui_in_headless_chromium(tiny, tmp_path):
             assert page.locator("#grid-b tr").count() == 1 + steps
             assert "forward passes" in page.locator("#stats-a").inner_text()
             assert shot.stat().st_size > 10_000
+            # the step slider reaches every step of the trajectory; a cell's hover text is the full token
+            rows_a = 1 + nfe // 2  # the Heun steps, then the final decode
+            assert "final" in page.locator("#stepview-a").inner_text()  # the last row, after the run
+            for step, label in ((1, f"1/{nfe // 2}"), (2, f"2/{nfe // 2}"), (rows_a, "final"), (1, f"1/{nfe // 2}")):
+                box = page.locator("#step-a input[type=number]")
+                box.fill(str(step))
+                box.press("Enter")
+                page.locator("#stepview-a th", has_text=label).wait_for(timeout=30_000)
+                assert page.locator("#stepview-a td").count() == length
+            tips = page.locator("#stepview-a td").evaluate_all("cells => cells.map(c => c.title)")
+            assert all("p=" in t for t in tips)  # the SDE's first step: every position shows a token
+            assert "dsl-llada" in page.locator("#env-footer").inner_text()
+            assert page.locator("#status").inner_text().strip() == ""
+            # an invalid setting shows an error in the status line; the next valid run clears it
+            box = page.locator("#nfe-a input")
+            box.fill("7")
+            box.blur()
+            page.locator("#run").click()
+            page.locator("#status", has_text="error").wait_for(timeout=30_000)
+            box.fill(str(nfe))
+            box.blur()
+            page.locator("#run").click()
+            playwright.expect(page.locator("#status")).not_to_contain_text("error", timeout=30_000)
+            page.locator("#stats-b", has_text="done").wait_for(timeout=60_000)
+            assert page.locator("#status").inner_text().strip() == ""
+            assert page.locator("#final-a textarea").input_value() == want_a
         finally:
             browser.close()
 

@@ -11,8 +11,9 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -54,7 +55,7 @@ save_tensors_file = _save
 
 
 @contextlib.contextmanager
-def _reading(path: Path):
+def _reading(path: Path) -> Iterator[None]:
     """Turn safetensors' own errors (truncated, zero-byte or random files) into one CheckpointError naming the file."""
     try:
         yield
@@ -215,7 +216,7 @@ def read_tensors(folder: str | Path, names: Iterable[str] | None = None, *, dtyp
     return out
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict[str, Any]:
     if not path.exists():
         raise CheckpointError(f"{what} {str(path)!r} is missing")
     try:

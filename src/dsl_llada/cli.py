@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 # OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
 # (spin-waiting) made sampling 5.6x slower than one thread with one CPU-bound neighbour on a 2-core machine; passive
@@ -16,6 +17,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import __version__
 from .utils import run_cli_command
+
+if TYPE_CHECKING:
+    from .config import DSLConfig
+    from .sampling.dispatch import SamplerConfig
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +51,7 @@ def _add_convert_args(p: argparse.ArgumentParser) -> None:
     add_config_args(g, (DSLConfig, "model"), exclude=("converter", "backbone_type"))
 
 
-def _sampler_config(a: argparse.Namespace):
+def _sampler_config(a: argparse.Namespace) -> SamplerConfig:
     """The config of `--sampler` and its flags, through the registry's parser (errors name the flag)."""
     from .cli_config import flag_name, given_config_fields
     from .sampling.registry import REGISTRY, SamplerSettingError, get_spec, sampler_config
@@ -59,7 +64,8 @@ def _sampler_config(a: argparse.Namespace):
         raise SamplerSettingError(f"{flag_name(e.field)}: {e}" if e.field else str(e), e.field) from None
 
 
-def _generate_settings(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str) -> dict:
+def _generate_settings(a: argparse.Namespace, config: SamplerConfig, prompts: list[str], dtype: str,
+                       device: str) -> dict[str, Any]:
     """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
     import hashlib
 
@@ -113,7 +119,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
             out.close()
 
 
-def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str, device: str, out) -> int:
+def _run_generate(a: argparse.Namespace, config: SamplerConfig, prompts: list[str], dtype: str, device: str,
+                  out: Any) -> int:
     from .generation import NonFiniteLogitsError, generate
     from .loading import check_prompt_lengths, context_limit, encode_prompt, load_model, load_tokenizer, parse_dtype
 
@@ -127,7 +134,7 @@ def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str,
                for p in prompts]
     check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
 
-    def show(batch: list[dict]) -> None:
+    def show(batch: list[dict[str, Any]]) -> None:
         if out is not None:
             out.append(batch)
         for r in batch:
@@ -156,8 +163,8 @@ def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str,
                   file=sys.stderr)
         return 130
     except NonFiniteLogitsError as e:
-        raise ValueError(f"model {a.model!r}: {e}; check its model.safetensors (re-convert, or use an earlier "
-                         f"checkpoint)") from None
+        raise ValueError(f"model {a.model!r}: non-finite numbers: {e}; check its model.safetensors (re-convert, or "
+                         f"use an earlier checkpoint)") from None
     if out is not None:
         out.finish(len(prompts))
         final = [out.done[i] for i in range(len(prompts))]
@@ -166,7 +173,7 @@ def _run_generate(a: argparse.Namespace, config, prompts: list[str], dtype: str,
     return _generate_summary(final, len(prompts), a.max_error_rate, a.output)
 
 
-def _generate_summary(records: list[dict], n: int, max_error_rate: float, output: str | None) -> int:
+def _generate_summary(records: list[dict[str, Any]], n: int, max_error_rate: float, output: str | None) -> int:
     """One summary line on stderr; exit 1 when the share of failed prompts exceeds --max-error-rate."""
     failed = [r for r in records if "error" in r]
     where = f" in {output}" if output else ""
@@ -184,7 +191,7 @@ def _generate_summary(records: list[dict], n: int, max_error_rate: float, output
     return 0
 
 
-def _convert_config(a: argparse.Namespace):
+def _convert_config(a: argparse.Namespace) -> DSLConfig:
     """The DSL config of `convert`: ConverterConfig's and DSLConfig's flags (generated from the dataclasses)."""
     from .cli_config import config_from_args, given_fields
     from .config import ConverterConfig, DSLConfig

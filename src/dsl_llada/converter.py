@@ -10,6 +10,7 @@ The (V+1)-way softmax runs in fp32 and in token chunks so memory stays bounded a
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +112,7 @@ class Converter(nn.Module):
         stamp = (E._version, None if mk is None else (mk.data_ptr(), mk._version))
         cache = getattr(self, "_key_cache", None)
         if cache is not None and cache[0] is E and cache[1] == stamp:
-            return cache[2]
+            return cast(torch.Tensor, cache[2])
         K = E.new_empty((E.shape[0] + 1, E.shape[1]), dtype=torch.float32)
         K[:-1].copy_(E)
         K[-1].copy_(mk.detach() if mk is not None else torch.zeros((), dtype=torch.float32))
@@ -124,7 +125,7 @@ class Converter(nn.Module):
         stamp = (W.data_ptr(), W._version, W.dtype, W.device)
         cache = getattr(self, "_wt_cache", None)
         if cache is not None and cache[0] == stamp:
-            return cache[1]
+            return cast(torch.Tensor, cache[1])
         WT = W.detach().t().contiguous()
         object.__setattr__(self, "_wt_cache", (stamp, WT))
         return WT

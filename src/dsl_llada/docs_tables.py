@@ -39,7 +39,7 @@ class Table:
     """Returns (the block's Markdown, {(row label, column header): value})."""
 
 
-def _toy_examples():
+def _toy_examples() -> tuple[Any, Any]:
     from .toy.demo import Demo, DemoConfig
 
     demo = Demo(DemoConfig.preset(quick=True), ROOT / ".docs-tables-unused", progress=False, echo=lambda *_: None)
@@ -51,17 +51,18 @@ _COLUMNS = [("ppl", "PPL", ".2f"), ("in_support", "in-support %", ".1f"), ("len"
             ("premature_eos%", "premature EOS %", ".1f"), ("rep", "Rep %", ".2f")]
 
 
-def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, env: dict) -> tuple[str, dict]:
+def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, env: dict[str, Any]
+            ) -> tuple[str, dict[tuple[str, str], float]]:
     from .environment import environment_footer
     from .eval.report import markdown_table
 
-    values = {(r[label], h): float(r[k]) for r in rows for k, h, _ in _COLUMNS if r.get(k) is not None}
+    values = {(str(r[label]), h): float(r[k]) for r in rows for k, h, _ in _COLUMNS if r.get(k) is not None}
     text = "\n".join([intro, "", f"Command: `{command}`", "",
                       markdown_table(rows, [(label, label, ""), *_COLUMNS]), "", environment_footer(env)])
     return text, values
 
 
-def make_toy_reference() -> tuple[str, dict]:
+def make_toy_reference() -> tuple[str, dict[tuple[str, str], float]]:
     """The world's own samples for the quick demo's held-out prompts, scored exactly (no model: seconds)."""
     from .environment import environment_record, finish_record
     from .toy.evaluate import aggregate, score_record
@@ -76,7 +77,7 @@ def make_toy_reference() -> tuple[str, dict]:
                    "python -m dsl_llada.docs_tables --write toy-reference", finish_record(env))
 
 
-def make_toy_untrained() -> tuple[str, dict]:
+def make_toy_untrained() -> tuple[str, dict[tuple[str, str], float]]:
     """DSL-SDE and LLaDA remasking at NFE 8 on a seeded, untrained demo-shaped model (exercises the samplers and the
     scoring end to end in seconds; the values are those of a random model, not of the method)."""
     import torch
@@ -107,7 +108,7 @@ TABLES = {t.name: t for t in (
 )}
 
 
-def _block_re(name: str) -> re.Pattern:
+def _block_re(name: str) -> re.Pattern[str]:
     return re.compile(rf"<!-- docs-table: {re.escape(name)} -->\n(.*?)<!-- /docs-table -->", re.S)
 
 

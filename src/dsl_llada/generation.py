@@ -34,7 +34,7 @@ def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, config: Sample
     return sample(model, prompts, config, generator=generator, progress=progress)
 
 
-def generate(model: DSLModel | Backbone, tokenizer, prompts: Sequence[str], config: SamplerConfig, *,
+def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str], config: SamplerConfig, *,
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,

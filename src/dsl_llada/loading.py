@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 
@@ -127,7 +127,7 @@ def check_tokenizer_files(path: str | Path) -> list[str]:
     return [n for n in VOCABULARY_FILES if (folder / n).is_file()]
 
 
-def _check_chat_template(tokenizer, path: Path) -> None:
+def _check_chat_template(tokenizer: Any, path: Path) -> None:
     """Render the chat template once (sandboxed) so a template that fails or is blocked is one error up front."""
     if not getattr(tokenizer, "chat_template", None):
         return
@@ -140,7 +140,7 @@ def _check_chat_template(tokenizer, path: Path) -> None:
                               f"fix it, or pass --no-chat-template to encode prompts without it") from None
 
 
-def load_tokenizer(path: str | Path, *, chat_template: bool = True):
+def load_tokenizer(path: str | Path, *, chat_template: bool = True) -> Any:
     """A Hugging Face tokenizer from a local folder (never the hub; no remote code). Its files are parsed first
     (`check_tokenizer_files`) and, when `chat_template`, its chat template is rendered once."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -161,7 +161,7 @@ def load_tokenizer(path: str | Path, *, chat_template: bool = True):
     return tok
 
 
-def special_spellings(tokenizer) -> list[str]:
+def special_spellings(tokenizer: Any) -> list[str]:
     """The text spellings of the tokenizer's special and added tokens, longest first (what a tokenizer would turn
     into control tokens if it met them in text)."""
     found = set(getattr(tokenizer, "all_special_tokens", None) or [])
@@ -170,7 +170,7 @@ def special_spellings(tokenizer) -> list[str]:
     return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
 
 
-def _encode_text(tokenizer, text: str, *, allow_special_tokens: bool) -> list[int]:
+def _encode_text(tokenizer: Any, text: str, *, allow_special_tokens: bool) -> list[int]:
     """`text` as ids without added BOS/EOS; special-token spellings inside it stay text unless allowed."""
     if allow_special_tokens:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -186,7 +186,7 @@ def _encode_text(tokenizer, text: str, *, allow_special_tokens: bool) -> list[in
     return ids
 
 
-def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_template: bool = True,
+def encode_messages(tokenizer: Any, messages: Sequence[dict[str, str]], *, chat_template: bool = True,
                     allow_special_tokens: bool = False) -> list[int]:
     """Chat messages (`[{"role", "content"}, ...]`) as prompt ids, ending with the assistant's generation prompt.
 
@@ -239,7 +239,7 @@ def encode_messages(tokenizer, messages: Sequence[dict[str, str]], *, chat_templ
     return ids
 
 
-def encode_prompt(tokenizer, text: str, *, chat_template: bool = True, allow_special_tokens: bool = False) -> list[int]:
+def encode_prompt(tokenizer: Any, text: str, *, chat_template: bool = True, allow_special_tokens: bool = False) -> list[int]:
     """One prompt as a single user turn of the chat template (when the tokenizer has one and `chat_template`),
     encoded without adding special tokens again (the template already holds BOS), as LLaDA-Instruct's evaluation.
     Special-token spellings in the prompt stay text unless `allow_special_tokens` (see `encode_messages`)."""
@@ -286,7 +286,7 @@ def _prompt_of(obj: Any, field: str, where: str) -> str:
     if isinstance(obj, str):
         return obj
     if isinstance(obj, dict) and isinstance(obj.get(field), str):
-        return obj[field]
+        return cast(str, obj[field])
     raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
 
 
@@ -299,7 +299,7 @@ MAX_JSON_PROMPTS_BYTES = 256 << 20
 """Largest .json prompts file (read whole, as one JSON array); use .jsonl (read line by line) for more."""
 
 
-def _lines(f, path: Path):
+def _lines(f: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
     """(line number, text) of a binary file, read line by line; refuses a line longer than MAX_PROMPT_LINE_BYTES
     (a file without newlines, such as /dev/zero, is refused after that many bytes) and more than 10 x MAX_PROMPTS
     lines, and names a line that is not UTF-8."""
@@ -348,7 +348,7 @@ def read_prompts(path: str | Path, field: str = "prompt") -> list[str]:
         return out
 
 
-def _read_json_prompts(f, path: Path, field: str) -> list[str]:
+def _read_json_prompts(f: BinaryIO, path: Path, field: str) -> list[str]:
     data = f.read(MAX_JSON_PROMPTS_BYTES + 1)
     if len(data) > MAX_JSON_PROMPTS_BYTES:
         raise ValueError(f"--prompts-file {str(path)!r} is larger than {MAX_JSON_PROMPTS_BYTES >> 20} MiB; a .json "

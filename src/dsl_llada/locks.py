@@ -1,22 +1,33 @@
-"""One writer per output: an exclusive lock on an output (file or folder) that names its holder.
+"""One writer per output: the one exclusive-lock primitive of the package, and the one that names its holder.
 
+`flock_or_refuse(fd, refusal)` takes an advisory ``flock`` (exclusive, non-blocking) on an open file; when another
+process (or another open of the file in this process) holds it, it raises `OutputError` with the message
+``refusal(pid)`` builds from the holder's PID (read from Linux ``/proc/locks``; None when unknown). It is used two
+ways:
+
+- on the output file itself: `records.RecordFile.open` (``generate --output``) locks the file before it reads or
+  writes anything, so a refused run changes nothing;
+- on a lock file beside an output (`output_lock`, for output folders: ``train``'s ``output_dir``, ``convert``'s
+  output):
 ``with output_lock(path, what="output_dir"):`` takes an advisory ``flock`` on the lock file ``.NAME.lock`` next to
 `path` (beside it, not inside, so a folder that is replaced atomically keeps its lock) before the command writes
 anything. A second process on the same output gets an `OutputError` (one ``error:`` line, exit 2) naming the PID of
 the process that holds it; the lock dies with its holder (kill -9 included), so a crashed run never blocks the next.
-The lock file holds the holder's PID and is removed on release. POSIX only (elsewhere it does nothing).
+The lock file holds the holder's PID (the name given when ``/proc/locks`` does not) and is removed on release.
+
+POSIX only (elsewhere both do nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .outputs import OutputError
 
-__all__ = ["lock_path", "output_lock"]
+__all__ = ["flock_or_refuse", "lock_holder", "lock_path", "output_lock"]
 
 
 def lock_path(path: str | Path) -> Path:
@@ -25,7 +36,41 @@ def lock_path(path: str | Path) -> Path:
     return p.with_name(f".{p.name}.lock")
 
 
-def _holder(lock: Path) -> str:
+def lock_holder(fd: int) -> int | None:
+    """PID of the process holding a lock on the file open as `fd` (Linux /proc/locks), or None when unknown."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF" (a "->" marks a waiting lock)
+                if "->" in parts or len(parts) < 6:
+                    continue
+                maj_min_ino = parts[5].split(":")
+                if len(maj_min_ino) == 3 and int(maj_min_ino[2]) == st.st_ino and \
+                        int(maj_min_ino[0], 16) == os.major(st.st_dev) and int(maj_min_ino[1], 16) == os.minor(st.st_dev):
+                    return int(parts[4])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def flock_or_refuse(fd: int, refusal: Callable[[int | None], str]) -> None:
+    """Take an exclusive advisory lock on the open file `fd` without waiting. When it is held elsewhere, raise
+    OutputError(refusal(pid)), `pid` the holder's (None when unknown). The lock lasts until `fd` is closed (or the
+    process dies). Does nothing where ``fcntl`` is missing (not POSIX)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(refusal(lock_holder(fd))) from None
+
+
+def _written_holder(lock: Path) -> str:
+    """The PID a holder wrote into lock file `lock` ("unknown" when there is none)."""
     try:
         text = lock.read_text().strip()
     except OSError:
@@ -80,17 +125,18 @@ def _release(fd: int, lock: Path) -> None:
 
 
 def _acquire(lock: Path, path: str | Path, what: str) -> int:
-    import fcntl
+    def refusal(pid: int | None) -> str:
+        holder = str(pid) if pid is not None else _written_holder(lock)
+        return (f"{what} {str(path)!r} is being written by another running process (PID {holder}, lock "
+                f"{str(lock)!r}); wait for it to finish or choose another {what}")
 
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            flock_or_refuse(fd, refusal)
+        except OutputError:
             os.close(fd)
-            raise OutputError(f"{what} {str(path)!r} is being written by another running process (PID "
-                              f"{_holder(lock)}, lock {str(lock)!r}); wait for it to finish or choose another "
-                              f"{what}") from None
+            raise
         # The file may have been removed (and recreated) by a holder releasing it between our open and flock:
         # only the lock on the file now at that path counts.
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import nn
@@ -129,13 +129,13 @@ class DSLModel(nn.Module):
         E = self.unit_noise() if E is None else E
         dtype = self.backbone.input_embeddings().weight.dtype
         if z is None:
-            return self.context_embed(ids)
+            return cast(torch.Tensor, self.context_embed(ids))
         if state_mask is None:
-            return self.converter(z, E, beta).to(dtype)
+            return cast(torch.Tensor, self.converter(z, E, beta)).to(dtype)
         h = self.context_embed(ids)
         zs = z[state_mask] if z.dim() == 3 else z
         hs = self.converter(zs, E, beta).to(dtype)
-        return h.index_put((state_mask,), hs)
+        return cast(torch.Tensor, h.index_put((state_mask,), hs))
 
     def logits_from_states(self, ids: torch.Tensor, z: torch.Tensor, state_mask: torch.Tensor | None = None,
                            attention_mask: torch.Tensor | None = None, *, beta: float | torch.Tensor | None = None,
@@ -143,12 +143,12 @@ class DSLModel(nn.Module):
         """Continuous path: states -> converter -> backbone (clean embeddings where state_mask is False).
         `positions` (a slice or 1-D index) restricts the returned logits (and the output head's work) to those positions."""
         h = self.embed_inputs(ids, z, state_mask, beta=beta, E=E)
-        return self.backbone(h, attention_mask, positions=positions)
+        return cast(torch.Tensor, self.backbone(h, attention_mask, positions=positions))
 
     def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                         positions: Positions = None) -> torch.Tensor:
         """Discrete path: token ids through the backbone's own input embedding (as the authors' remasking)."""
-        return self.backbone(self.backbone.embed(ids), attention_mask, positions=positions)
+        return cast(torch.Tensor, self.backbone(self.backbone.embed(ids), attention_mask, positions=positions))
 
     def posterior_mean(self, logits: torch.Tensor, top_m: int = 512, E: torch.Tensor | None = None,
                        workspace: Workspace | None = None) -> torch.Tensor:

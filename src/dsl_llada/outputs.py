@@ -54,7 +54,7 @@ class ArtifactKind:
     """Human name used in messages ("checkpoint", "training run", ...)."""
     marker: Callable[[Path], bool]
     """True when the folder carries this kind's identifying file(s)."""
-    allowed: re.Pattern | None
+    allowed: re.Pattern[str] | None
     """Every entry name of a replaceable folder matches this; None = never replaced (reuse only)."""
 
 
@@ -71,7 +71,7 @@ def _has_weights(p: Path) -> bool:
 _KINDS: dict[str, ArtifactKind] = {}
 
 
-def register_kind(name: str, *, marker: Callable[[Path], bool], allowed: str | re.Pattern | None) -> ArtifactKind:
+def register_kind(name: str, *, marker: Callable[[Path], bool], allowed: str | re.Pattern[str] | None) -> ArtifactKind:
     """Register (or replace) an artifact kind for `prepare_output_dir(kind=name)`."""
     kind = ArtifactKind(name, marker, re.compile(allowed) if isinstance(allowed, str) else allowed)
     _KINDS[name] = kind

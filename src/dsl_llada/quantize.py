@@ -28,7 +28,7 @@ class QuantizationUnavailable(ValueError):
     """The quantization library is not installed (or cannot run here)."""
 
 
-def _int8_config():
+def _int8_config() -> Any:
     import warnings
 
     # torchao's import logs a warning per CUDA kernel library it cannot load on a CPU-only torch; none is used here

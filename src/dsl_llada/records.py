@@ -14,8 +14,9 @@ Guarantees:
   record with an ``error`` is not finished: a resumed run retries it and appends its new record, and the latest
   record of an index wins; when a run completes, `finish` checks that it holds one record per item (rewriting it
   sorted, atomically, when a retry left it out of order or with superseded error records);
-- one writer per file: `open` takes an exclusive lock before it reads or writes anything (a second run is
-  refused naming the holder's PID, and changes nothing, its settings file included), and keeps it to the end;
+- one writer per file: `open` takes an exclusive lock on the file itself (`locks.flock_or_refuse`) before it reads
+  or writes anything (a second run is refused naming the holder's PID, and changes nothing, its settings file
+  included), and keeps it to the end;
 - records are only appended to a file whose stored settings equal this run's (`RecordFile.open` names the
   fields that differ otherwise); a file without stored settings is not ours and is never appended to or
   replaced without ``overwrite``; nothing is truncated before `begin`, which the caller runs after validating
@@ -28,10 +29,12 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import jsonl_log
+from .locks import flock_or_refuse
 from .outputs import OutputError, check_writable
 from .utils import atomic_write_text
 
@@ -40,39 +43,12 @@ __all__ = ["RecordFile", "settings_diff"]
 log = logging.getLogger(__name__)
 
 
-def _lock_holder(fd: int) -> int | None:
-    """PID of the process holding a lock on the file open as `fd` (Linux /proc/locks), or None when unknown."""
-    try:
-        st = os.fstat(fd)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF" (a "->" marks a waiting lock)
-                if "->" in parts or len(parts) < 6:
-                    continue
-                maj_min_ino = parts[5].split(":")
-                if len(maj_min_ino) == 3 and int(maj_min_ino[2]) == st.st_ino and \
-                        int(maj_min_ino[0], 16) == os.major(st.st_dev) and int(maj_min_ino[1], 16) == os.minor(st.st_dev):
-                    return int(parts[4])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _lock(fd: int, path: Path) -> None:
-    """An exclusive advisory lock for the run's lifetime, so two runs never write one file (POSIX only). Taken
-    before anything is read or written: a refused run changes nothing."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _lock_holder(fd)
+def _refusal(path: Path) -> Callable[[int | None], str]:
+    def message(pid: int | None) -> str:
         holder = f"process {pid}" if pid is not None else "another running process"
-        raise OutputError(f"--output {str(path)!r} is being written by {holder}; wait for it to finish (then rerun "
-                          f"to resume) or choose another file") from None
+        return (f"--output {str(path)!r} is being written by {holder}; wait for it to finish (then rerun to resume) "
+                f"or choose another file")
+    return message
 
 
 ENVIRONMENT_KEYS = ("environment", "resumed_environments")
@@ -132,7 +108,7 @@ class RecordFile:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask applies
         locked = False
         try:
-            _lock(fd, path)  # before reading or writing anything: a refused run changes nothing
+            flock_or_refuse(fd, _refusal(path))  # before reading or writing anything: a refused run changes nothing
             locked = True
             rf = cls._open_locked(path, settings, overwrite=overwrite, environment=environment)
         except BaseException:

@@ -22,7 +22,7 @@ RESAMPLES = 1000
 MAX_RESAMPLES = 100_000
 
 
-def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *, transform: Callable | None = None,
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *, transform: Callable[[float], float] | None = None,
                     level: float = 0.95, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
     """95 % (by default) percentile interval of transform(sum(num) / sum(den)) over item resamples.
 

@@ -8,8 +8,9 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("dsl_llada")
 
@@ -65,7 +66,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def save_figure(fig, path: str | Path, *, dpi: int = 120) -> Path:
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
     """Save a matplotlib figure as PNG atomically (temp file, rename; the umask's mode) and close it."""
     import matplotlib.pyplot as plt
 
@@ -161,13 +162,15 @@ def remove_stale_temp_folders(path: str | Path) -> tuple[list[Path], list[Path]]
     return removed, kept
 
 
-def progress(iterable=None, *, total: int | None = None, desc: str = "", enabled: bool = True, leave: bool = False):
+def progress(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "", enabled: bool = True,
+             leave: bool = False) -> Iterable[Any]:
     """A tqdm progress bar that can be silenced (returns the bare iterable when disabled)."""
     if not enabled:
         return iterable if iterable is not None else range(total or 0)
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
+    bar: Iterable[Any] = tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
+    return bar
 
 
 _DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
@@ -187,7 +190,7 @@ def describe_os_error(e: OSError) -> str:
     return f"{what}:{where}; {fix}"
 
 
-def run_cli_command(func, args, *, interrupted: str) -> int:
+def run_cli_command(func: Callable[[Any], int | None], args: Any, *, interrupted: str) -> int:
     """Run a CLI subcommand: bad input or an unusable file/disk becomes one `error: ...` line and exit code 2,
     Ctrl-C exit code 130."""
     import sys

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_helpers import error_lines, make_backbone_dir
+from faults_helpers import GENERATE_SAMPLING, error_lines, generate_prompts, make_dsl_dir, write_prompts_jsonl
 
 import dsl_llada.sampling.batches as batches_mod
 from dsl_llada.cli import build_parser, main
@@ -21,22 +21,18 @@ from dsl_llada.records import RecordFile
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 6
-PROMPTS = [f"write about the ocean {'and the forest ' * (i % 3)}." for i in range(N)]
-SAMPLING = ["--sampler", "remask", "--steps", "4", "--gen-length", "8", "-q"]
+PROMPTS = generate_prompts(N)
+SAMPLING = GENERATE_SAMPLING
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("faults-runs")
-    assert main(["convert", str(make_backbone_dir(d / "backbone")), str(d / "dsl"), "--noise-dim", "8"]) == 0
-    return d / "dsl"
+    return make_dsl_dir(tmp_path_factory.mktemp("faults-runs"))
 
 
 @pytest.fixture(scope="module")
 def prompts_file(model):
-    p = model.parent / "prompts.jsonl"
-    p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in PROMPTS))
-    return p
+    return write_prompts_jsonl(model.parent / "prompts.jsonl", PROMPTS)
 
 
 def args(model, prompts_file, out, *extra):

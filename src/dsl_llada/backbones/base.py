@@ -13,9 +13,9 @@ A backbone is an ``nn.Module`` that
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import torch
 from torch import nn
@@ -54,6 +54,7 @@ def position_index(positions: Positions, length: int, device: torch.device | str
 def with_positions(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`fn(ids_or_embeds, attention_mask, positions=...)` for a logits function that may not take `positions`
     (duck-typed models): such a function computes every position and the wanted ones are selected afterwards."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -155,7 +156,7 @@ class Backbone(nn.Module):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, L) ids -> (B, L, H) input embeddings."""
-        return self.input_embeddings()(ids)
+        return cast(torch.Tensor, self.input_embeddings()(ids))
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 positions: Positions = None) -> torch.Tensor:
@@ -176,7 +177,7 @@ class Backbone(nn.Module):
     def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                         positions: Positions = None) -> torch.Tensor:
         """Discrete path (same signature as DSLModel.logits_from_ids, so discrete samplers accept either)."""
-        return self(self.embed(ids), attention_mask, positions=positions)
+        return cast(torch.Tensor, self(self.embed(ids), attention_mask, positions=positions))
 
     def config_dict(self) -> dict[str, Any]:
         """The backbone's own config (e.g. LLaDA config.json contents) for saving next to the weights."""

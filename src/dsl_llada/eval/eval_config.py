@@ -19,18 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import BLOCK_SDE, ConfigBase, ConfigError, read_config_file
+from ..config import BLOCK_SDE, ConfigBase, ConfigError, _check, read_config_file  # one validation helper
 from ..overrides import parse_override_value
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
 MODEL_KINDS = ("diffusion", "causal-lm")
 SCORING_MODES = ("default", "authors")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def _name_ok(name: Any, what: str) -> None:

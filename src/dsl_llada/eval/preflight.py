@@ -112,7 +112,7 @@ def model_facts(path: str | Path) -> dict[str, Any]:
 def check_models(cfg, tokenizers: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Folder, DSL-need and tokenizer/special-id checks per model; returns each model's facts."""
     from .methods import needs_dsl
-    from .tasks.base import is_dsl_folder
+    from .tasks.task import is_dsl_folder
 
     used = {m.model for t in cfg.tasks for m in cfg.task_methods(t)}
     facts: dict[str, dict[str, Any]] = {}

@@ -23,11 +23,12 @@ from typing import Any
 
 from .. import __version__
 from ..config import ConfigError
+from ..sampling.batches import retry_rows
 from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
-from . import records as R
+from . import shards as R
 from .eval_config import EvalConfig, MethodSpec, config_diff
-from .data import Sample
+from .samples import Sample
 from .tasks import get_task
 
 logger = logging.getLogger(__name__)
@@ -373,7 +374,8 @@ def _sync(device) -> None:
 
 def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
              warmed: set[tuple[str, str, int]] | None = None) -> list[dict[str, Any]]:
-    """Run one batch whole; when the batch raises, run its rows one by one and record each row's error.
+    """Run one batch whole; when the batch raises (any Exception, ValueError included), run its rows one by one
+    and record each row's error (`sampling.batches.retry_rows`).
     Tasks with `warmup` (walltime) get one untimed call per (model, method, NFE) first and record peak memory."""
     from . import models as M
 
@@ -389,26 +391,20 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
             M.run_batch(loaded, b.method, b.choice, ids, seeds)
         except Exception:  # noqa: BLE001  (the timed call below records the error)
             pass
-    _sync(loaded.device)
-    t0 = time.perf_counter()
-    try:
-        out = M.run_batch(loaded, b.method, b.choice, ids, seeds)
+    method = b.method
+
+    def call(rows: list[int]) -> list[tuple[Any, ...]]:
+        _sync(loaded.device)
+        t0 = time.perf_counter()
+        out = M.run_batch(loaded, method, b.choice, [ids[r] for r in rows], [seeds[r] for r in rows])
         _sync(loaded.device)
         dt = time.perf_counter() - t0
-        outs = [(resp, out.nfe, out.forward_passes, dt / len(ids), dt, len(ids), None) for resp in out.responses]
-    except Exception as e:  # noqa: BLE001
-        logger.warning("batch of %d (%s, %s, %s, nfe %d) raised %s; running its rows one by one", len(ids), b.task,
-                       b.dataset, b.method.name, b.nfe, e)
-        outs = []
-        for one, seed in zip(ids, seeds):
-            t1 = time.perf_counter()
-            try:
-                o = M.run_batch(loaded, b.method, b.choice, [one], [seed])
-                d = time.perf_counter() - t1
-                outs.append((o.responses[0], o.nfe, o.forward_passes, d, d, 1, None))
-            except Exception as e1:  # noqa: BLE001
-                d = time.perf_counter() - t1
-                outs.append((None, None, None, d, d, 1, f"{type(e1).__name__}: {e1}"))
+        return [(resp, out.nfe, out.forward_passes, dt / len(rows), dt, len(rows), None) for resp in out.responses]
+
+    def failed(_row: int, e: Exception, d: float) -> tuple[Any, ...]:
+        return (None, None, None, d, d, 1, f"{type(e).__name__}: {e}")
+
+    outs = retry_rows(range(len(ids)), call, failed, what=f"({b.task}, {b.dataset}, {b.method.name}, nfe {b.nfe})")
     recs = []
     for s, key, p_ids, (resp, nfe, fwd, sec, bsec, bsz, error) in zip(b.samples, b.keys, ids, outs):
         text = "" if resp is None else loaded.tokenizer.decode(resp, skip_special_tokens=True)
@@ -425,7 +421,7 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
                      "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
                      "info": s.info})
         if timing:
-            from .walltime import peak_memory_mib
+            from .tasks.walltime import peak_memory_mib
 
             recs[-1]["peak_mem_mib"] = peak_memory_mib(loaded.device)
     return recs
@@ -433,23 +429,16 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
 
 def _run_forward(b: Batch, loaded, task, cfg: EvalConfig) -> list[dict[str, Any]]:
     """One-forward tasks: the task scores the batch; a raising batch is retried row by row."""
-    t0 = time.perf_counter()
-    try:
-        outs = task.run_batch(loaded, b.samples, b.params, b.seed, cfg.scoring_mode)
+    def call(rows: list[Sample]) -> list[tuple[Any, ...]]:
+        t0 = time.perf_counter()
+        outs = task.run_batch(loaded, rows, b.params, b.seed, cfg.scoring_mode)
         dt = time.perf_counter() - t0
-        timed = [(m, e, dt / len(b.samples), dt, len(b.samples)) for m, e in outs]
-    except Exception as e:  # noqa: BLE001
-        logger.warning("batch of %d (%s, %s/%s) raised %s; running its rows one by one", len(b.samples), b.task,
-                       b.dataset, b.variant, e)
-        timed = []
-        for s in b.samples:
-            t1 = time.perf_counter()
-            try:
-                (m, err), = task.run_batch(loaded, [s], b.params, b.seed, cfg.scoring_mode)
-            except Exception as e1:  # noqa: BLE001
-                m, err = None, f"{type(e1).__name__}: {e1}"
-            d = time.perf_counter() - t1
-            timed.append((m, err, d, d, 1))
+        return [(m, e, dt / len(rows), dt, len(rows)) for m, e in outs]
+
+    def failed(_s: Sample, e: Exception, d: float) -> tuple[Any, ...]:
+        return (None, f"{type(e).__name__}: {e}", d, d, 1)
+
+    timed = retry_rows(b.samples, call, failed, what=f"({b.task}, {b.dataset}/{b.variant})")
     return [{"key": key, "task": b.task, "dataset": b.dataset, "variant": b.variant, "method": b.label, "model": b.model,
              "nfe": 0, "seed": b.seed, "sample_id": s.id, "index": s.index, "params": b.params, "text": "", "ids": None,
              "n_tokens": None, "forward_passes": None if err else 1, "seconds": sec, "batch_seconds": bsec,

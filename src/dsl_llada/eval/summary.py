@@ -12,7 +12,7 @@ from typing import Any
 from .. import __version__
 from ..environment import environment_footer
 from ..utils import atomic_write_text
-from . import records as R
+from . import shards as R
 from .eval_config import EvalConfig
 from .tasks import SummaryContext, get_task
 

@@ -10,10 +10,13 @@ world's evaluation, sweep and cache frontier, the benchmarks); the server batche
    done): so a resumed run makes exactly the batches of an uninterrupted one, minus the finished rows;
 3. per-row seeds: row i samples with its own CPU generator seeded `seed_of(i)`, so its tokens depend neither on
    the batch size nor on its batch-mates;
-4. the NaN guard (`guards.check_finite_first_forward`) around every sampler call (optional);
+4. the NaN guard (`guards.FiniteLogitsGuard`, a step callback) on every sampler call (optional);
 5. row-by-row retry: with `retry`, a batch that raises a runtime error (not a ValueError, which means bad setup,
    nor a KeyboardInterrupt, which both stop the run) is run again one row at a time, and a row that still fails
-   comes back with its `error` instead of tokens; without `retry` the error propagates;
+   comes back with its `error` instead of tokens; without `retry` the error propagates. The retry itself is
+   `retry_rows`, which the evaluation runner also uses for its batches (`eval/runner.py`): eval runs rows that
+   are not sampler calls (the autoregressive baseline, one-forward tasks) and records every exception per row,
+   ValueError included, so it shares the retry rule, not `run_batches` itself;
 6. progress: one bar over the batches (`progress`, `desc`).
 
 It yields one list of `RowResult` per batch, in position order, before the next batch starts, so a caller can
@@ -26,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -35,11 +39,42 @@ from ..model import DSLModel
 from ..utils import progress as progress_bar
 from .common import PromptBatch, SampleOutput
 from .dispatch import SamplerConfig, sample
-from .guards import check_finite_first_forward
+from .guards import FiniteLogitsGuard
 
-__all__ = ["RowResult", "run_batch", "run_batches"]
+__all__ = ["RowResult", "retry_rows", "run_batch", "run_batches"]
 
 log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Row = TypeVar("Row")
+
+
+def retry_rows(items: Sequence[Item], call: Callable[[list[Item]], list[Row]],
+               failed: Callable[[Item, Exception, float], Row], *, fatal: tuple[type[Exception], ...] = (),
+               retry_single: bool = True, what: str = "") -> list[Row]:
+    """`call(items)` (one row per item); when it raises an Exception that is not one of `fatal`, run the items
+    again one at a time, and give `failed(item, error, seconds)` for each item whose call still raises (a `fatal`
+    error, and anything not an Exception such as KeyboardInterrupt, propagates). `what` names the batch in the
+    log line. With `retry_single=False` a batch of one item is not run twice: its first error is its row's
+    (seconds 0.0)."""
+    try:
+        return call(list(items))
+    except fatal:
+        raise
+    except Exception as e:  # noqa: BLE001  (a runtime failure of this batch: retry its rows one by one)
+        if len(items) == 1 and not retry_single:
+            return [failed(items[0], e, 0.0)]
+        log.warning("batch of %d %s raised %s: %s; running its rows one by one", len(items), what, type(e).__name__, e)
+    rows: list[Row] = []
+    for item in items:
+        t1 = time.perf_counter()
+        try:
+            rows += call([item])
+        except fatal:
+            raise
+        except Exception as e1:  # noqa: BLE001
+            rows.append(failed(item, e1, time.perf_counter() - t1))
+    return rows
 
 
 @dataclass
@@ -79,14 +114,12 @@ class RowResult:
 def run_batch(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig,
               seeds: Sequence[int], *, guard: bool = True, progress: bool = False) -> SampleOutput:
     """One left-padded batch through the sampler the config's type picks; row j uses a CPU generator seeded
-    `seeds[j]`. With `guard`, non-finite logits on the first forward raise NonFiniteLogitsError."""
+    `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode)."""
     device = next(model.parameters()).device
     batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device)
     gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
-    if not guard:
-        return sample(model, batch, config, generator=gens, progress=progress)
-    with check_finite_first_forward(model):
-        return sample(model, batch, config, generator=gens, progress=progress)
+    return sample(model, batch, config, generator=gens, progress=progress,
+                  callback=FiniteLogitsGuard() if guard else None)
 
 
 def _sync(device: torch.device) -> None:
@@ -118,31 +151,13 @@ def run_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
         dt = time.perf_counter() - t0
         return [RowResult(i, s, out, j, None, dt / len(idx), dt, len(idx)) for j, (i, s) in enumerate(zip(idx, seeds))]
 
-    def failed(i: int, e: BaseException, dt: float) -> RowResult:
+    def failed(i: int, e: Exception, dt: float) -> RowResult:
         log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i, type(e).__name__, e)
         return RowResult(i, seed_of(i), None, 0, f"{type(e).__name__}: {e}", dt, dt, 1)
 
-    def _one_by_one(idx: list[int], e: BaseException) -> list[RowResult]:
-        log.warning("batch of %d prompts (%d..%d) raised %s: %s; running its rows one by one", len(idx), idx[0],
-                    idx[-1], type(e).__name__, e)
-        rows: list[RowResult] = []
-        for i in idx:
-            t1 = time.perf_counter()
-            try:
-                rows += call([i])
-            except (ValueError, KeyboardInterrupt):
-                raise
-            except Exception as e1:  # noqa: BLE001
-                rows.append(failed(i, e1, time.perf_counter() - t1))
-        return rows
-
     for idx in progress_bar(grid, total=len(grid), desc=desc, enabled=progress):
-        try:
-            rows = call(idx)
-        except (ValueError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # a runtime failure of this batch: retry its rows one by one
-            if not retry:
-                raise
-            rows = [failed(idx[0], e, 0.0)] if len(idx) == 1 else _one_by_one(idx, e)
-        yield rows
+        if not retry:
+            yield call(idx)
+            continue
+        yield retry_rows(idx, call, failed, fatal=(ValueError,), retry_single=False,
+                         what=f"prompts ({idx[0]}..{idx[-1]})")

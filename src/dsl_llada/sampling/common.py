@@ -96,17 +96,49 @@ def stop_lengths(ids: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
     return torch.where(is_stop, pos, torch.full_like(pos, L)).min(dim=1).values
 
 
-@dataclass
 class StepInfo:
-    """What a sampler tells a per-step callback."""
+    """What a sampler tells a per-step callback (the one observer protocol: progress, traces, guards, streams).
 
-    step: int
-    total_steps: int
-    tokens: torch.Tensor
-    """Current best token per response position (B, L): committed tokens (discrete) or argmax (SDE)."""
-    gamma: float | None = None
-    """SNR reached after this step (SDE samplers)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    Everything here is a view of tensors the sampler computed anyway (no copies, no extra model work); a callback
+    must not modify them. `tokens` may be handed over as a zero-argument function: it is then computed on first
+    read only (a guard that reads just the logits costs the SDE samplers no argmax). `logits` covers the response
+    positions `window` = [lo, hi) only.
+
+    Fields: `step` (0-based; Block SDE counts over all blocks) and `total_steps`; `tokens` (B, L): the current best
+    token per response position (committed tokens, [MASK] elsewhere, for the discrete samplers; the argmax for the
+    SDE); `gamma`: the SNR reached after this step (SDE); `time`: the discrete samplers' diffusion time after this
+    step (1 = all masked, 0 = clean); `committed` (B, L) bool: positions whose token is final at this step (ReMDM's
+    loop aside; the SDE commits nothing before its decode, Block SDE the blocks already decoded);
+    `newly_committed` (B, L) bool: positions committed by this very step; `logits` (B, hi - lo, V): the step's
+    distribution over the vocabulary for the positions `window` (SDE: the corrector's or the decode's raw logits,
+    whose softmax is the converter's posterior, the decoded token being the argmax with [MASK] excluded;
+    discrete: the guided logits with banned ids at -inf, the committed token being the step's proposal; columns
+    no row still masks may be zeros); `decode`: the SDE samplers' decode call after the last solver step of the
+    response (or of each Block SDE block), not a solver step (`step` repeats the last step's index; callbacks
+    counting steps skip it); `extra`: the sampler's own scalars.
+    """
+
+    __slots__ = ("step", "total_steps", "_tokens", "gamma", "extra", "time", "committed", "newly_committed",
+                 "logits", "window", "decode")
+
+    def __init__(self, step: int, total_steps: int, tokens: torch.Tensor | Callable[[], torch.Tensor],
+                 gamma: float | None = None, extra: dict[str, Any] | None = None, *, time: float | None = None,
+                 committed: torch.Tensor | None = None, newly_committed: torch.Tensor | None = None,
+                 logits: torch.Tensor | None = None, window: tuple[int, int] | None = None, decode: bool = False):
+        self.step, self.total_steps, self._tokens = step, total_steps, tokens
+        self.gamma, self.extra = gamma, {} if extra is None else extra
+        self.time, self.committed, self.newly_committed = time, committed, newly_committed
+        self.logits, self.window, self.decode = logits, window, decode
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        if not isinstance(self._tokens, torch.Tensor):
+            self._tokens = self._tokens()
+        return self._tokens
+
+    def __repr__(self) -> str:
+        return (f"StepInfo(step={self.step}, total_steps={self.total_steps}, gamma={self.gamma}, time={self.time}, "
+                f"window={self.window}, decode={self.decode})")
 
 
 StepCallback = Callable[[StepInfo], None]

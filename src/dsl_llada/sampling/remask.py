@@ -27,10 +27,10 @@ from ..backbones.base import Backbone, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
 from ..numerics import denormals_flushed_during
-from ..utils import progress as progress_bar
 from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
 from .kv_cache import WindowKVCache
+from .observers import with_progress
 from .positions import block_logits
 from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
 
@@ -80,6 +80,11 @@ def _window_cache(model: DiscreteModel, config: RemaskConfig) -> WindowKVCache |
     return WindowKVCache(backbone, config.kv_cache, config.cache_refresh, embed=getattr(backbone, "embed", None))
 
 
+def _diffusion_time(done_steps: int, steps: int) -> float:
+    """Overall diffusion time after `done_steps` of `steps` (1 = all masked, 0 = clean)."""
+    return 1.0 - done_steps / steps
+
+
 @torch.no_grad()
 @denormals_flushed_during
 def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig | None = None, *,
@@ -89,10 +94,13 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     """LLaDA low-confidence / random remasking (ReMDM-conf-loop when `config.remdm`).
 
     `generator`: one torch.Generator for the batch, a sequence with one per row, or None (global RNG).
-    `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet);
-    `extra` has block, block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
+    `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet),
+    `committed` / `newly_committed` the positions holding / just given a token, `logits` the block's guided logits
+    the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block,
+    block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
     """
     config = config or RemaskConfig()
+    callback = with_progress(callback, progress, "remask")
     special = model.special
     mask_id = special.mask
     device = _model_device(model) or prompts.ids.device
@@ -114,7 +122,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
 
-    for step in progress_bar(range(config.steps), total=config.steps, desc="remask", enabled=progress):
+    for step in range(config.steps):
         k_blk, i = divmod(step, S_b)
         lo, hi = P + k_blk * blk, P + (k_blk + 1) * blk
         if i == 0:
@@ -141,10 +149,14 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
         if trajectory is not None:
             trajectory.append(x[:, P:].to("cpu", copy=True))  # .cpu() of a CPU tensor would alias x
         if callback is not None:
+            newly = torch.zeros((B, L), dtype=torch.bool, device=device)
+            newly[:, lo - P:hi - P] = st.committed
             callback(StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
                 "block": k_blk, "block_step": i, "t": st.t, "in_loop": st.in_loop,
                 "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
-                "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()}))
+                "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()},
+                time=_diffusion_time(step + 1, config.steps), committed=x[:, P:] != mask_id, newly_committed=newly,
+                logits=logits, window=(lo - P, hi - P)))
 
     ids = x[:, P:]
     if config.truncate_at_eos:

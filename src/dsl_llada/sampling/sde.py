@@ -27,7 +27,8 @@ from ..snr import snr_schedule
 from ..utils import progress as progress_bar
 from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
 from .denoiser import Denoiser
-from .guards import check_finite_state
+from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
+from .observers import with_progress
 
 Denoise = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 """What `heun_solve` integrates against: (y, gamma) -> (ê, logits); a `Denoiser` or a test double."""
@@ -40,18 +41,24 @@ def inference_beta(model: DSLModel, config: SDEConfig) -> float:
 
 def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: float, predictor_noise: bool,
                rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], None] | None = None,
+               check_first: Callable[[torch.Tensor], None] | None = None,
+               check_state: Callable[[torch.Tensor], None] | None = None,
                show_progress: bool = False, desc: str = "SDE") -> torch.Tensor:
     """Integrate dy/dgamma = (ê - y)/gamma over `grid` with stochastic Heun steps; returns the final y.
 
     `denoise(y, gamma)` returns (ê, logits) for the response positions. `on_step(s, gamma_next, logits)` sees the
-    corrector's logits after each step.
+    corrector's logits after each step. `check_first(logits)` sees the run's first forward pass (at the initial
+    state: no setting has acted yet, so broken logits there mean broken weights) and `check_state(y)` each step's
+    new state before `on_step` (a state the settings drove out of float32 is named as such).
     """
     steps = len(grid) - 1
     for s in progress_bar(range(steps), total=steps, desc=desc, enabled=show_progress):
         g0, g1 = float(grid[s]), float(grid[s + 1])
         delta = g1 - g0
         dW = rng.randn(tuple(y.shape), device=y.device) * abs(delta) ** 0.5
-        e0, _ = denoise(y, g0)
+        e0, logits0 = denoise(y, g0)
+        if s == 0 and check_first is not None:
+            check_first(logits0)
         v0 = (e0 - y) / g0
         y_pred = y + delta * v0
         if predictor_noise:
@@ -59,6 +66,8 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
         e1, logits = denoise(y_pred, g1)
         v1 = (e1 - y_pred) / g1
         y = y + 0.5 * delta * (v0 + v1) + 0.5 * (eta / g0 + eta / g1) * dW
+        if check_state is not None:
+            check_state(y)
         if on_step is not None:
             on_step(s, g1, logits)
     return y
@@ -95,17 +104,33 @@ def decode_argmax(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits.argmax(-1)
 
 
+def _settings(model: DSLModel, config: SDEConfig) -> dict[str, object]:
+    """The settings a non-finite SDE state is blamed on (named in NonFiniteStateError)."""
+    return {"gamma_min": config.gamma_min, "gamma_max": config.gamma_max, "eta": config.resolved_eta(),
+            "nfe": config.nfe, "schedule": config.schedule, "beta_inf": inference_beta(model, config)}
+
+
+def _checks(model: DSLModel, config: SDEConfig) -> dict[str, Callable[[torch.Tensor], None]]:
+    """heun_solve's checks: broken first-pass logits blame the weights, a non-finite state names the settings."""
+    settings = _settings(model, config)
+
+    def first(logits: torch.Tensor) -> None:
+        if has_broken_logits(logits):
+            raise NonFiniteLogitsError(WEIGHTS_MESSAGE)
+
+    return {"check_first": first, "check_state": lambda y: check_finite_state(y, "SDE state", settings)}
+
+
 def _decode_final(denoise: Denoiser, y: torch.Tensor, gamma: float, mask_id: int, config: SDEConfig,
-                  model: DSLModel) -> torch.Tensor:
-    """Argmax decode of the solved state; a NaN/inf state or NaN logits raise NonFiniteStateError naming the
-    settings (never token 0 decoded from NaN logits)."""
-    settings = {"gamma_min": config.gamma_min, "gamma_max": config.gamma_max, "eta": config.resolved_eta(),
-                "nfe": config.nfe, "schedule": config.schedule, "beta_inf": inference_beta(model, config)}
+                  model: DSLModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, logits): argmax decode of the solved state and the logits it came from; a NaN/inf state or NaN logits
+    raise NonFiniteStateError naming the settings (never token 0 decoded from NaN logits)."""
+    settings = _settings(model, config)
     check_finite_state(y, "SDE state", settings)
     logits = denoise.logits(y, gamma)
     if bool(torch.isnan(logits).any()):
         check_finite_state(torch.tensor(float("nan")), "converter/backbone logits at the final SNR", settings)
-    return decode_argmax(logits, mask_id)
+    return decode_argmax(logits, mask_id), logits
 
 
 def _unit_init(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -124,24 +149,36 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     if config.block_length:
         return sample_block_sde(model, prompts, config, generator=generator, callback=callback, progress=progress,
                                 return_trajectory=return_trajectory)
+    callback = with_progress(callback, progress, "SDE")
     prompts, rng, grid, denoise = _prepare(model, prompts, config, generator)
     L, B = config.gen_length, prompts.batch_size
     mask_id = model.special.mask
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
 
+    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device) if callback is not None else None
+
     def on_step(s: int, gamma: float, logits: torch.Tensor) -> None:
         if trajectory is None and callback is None:
             return
-        tokens = decode_argmax(logits, mask_id)
+        tokens: torch.Tensor | None = None
         if trajectory is not None:
+            tokens = decode_argmax(logits, mask_id)
             trajectory.append(tokens.cpu())
         if callback is not None:
-            callback(StepInfo(step=s, total_steps=config.steps, tokens=tokens, gamma=gamma))
+            lazy = tokens if tokens is not None else (lambda: decode_argmax(logits, mask_id))
+            callback(StepInfo(step=s, total_steps=config.steps, tokens=lazy, gamma=gamma, committed=none,
+                              logits=logits, window=(0, L)))
 
     y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
+    checks = _checks(model, config)
     y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
-                   on_step=on_step, show_progress=progress)
-    ids = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
+                   on_step=on_step, check_first=checks["check_first"], check_state=checks["check_state"])
+    ids, final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
+    if callback is not None:
+        everything = torch.ones((B, L), dtype=torch.bool, device=ids.device)
+        callback(StepInfo(step=config.steps - 1, total_steps=config.steps, tokens=ids, gamma=float(grid[-1]),
+                          committed=everything, newly_committed=everything, logits=final_logits, window=(0, L),
+                          decode=True))
     return _finish(model, ids, config, nfe=2 * config.steps, forwards=denoise.forward_passes, trajectory=trajectory)
 
 
@@ -154,12 +191,14 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     """Block SDE: blocks of B tokens left to right; committed blocks are clean context, future blocks are
     [MASK] embeddings, the current block runs the Heun loop then is decoded by argmax and committed.
     Forward passes = (L / B) (2S + 1)."""
+    callback = with_progress(callback, progress, "block SDE")
     prompts, rng, grid, first = _prepare(model, prompts, config, generator)
     L, Bsz, blk = config.gen_length, prompts.batch_size, config.block_length
     mask_id = model.special.mask
     response = torch.full((Bsz, L), mask_id, dtype=torch.long, device=prompts.ids.device)
     n_blocks = L // blk
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
+    checks = _checks(model, config)
     for k in range(n_blocks):
         lo, hi = k * blk, (k + 1) * blk
         # committed blocks are clean context, future blocks the converter's [MASK] slot (paper §3, Block SDE)
@@ -169,20 +208,40 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
         def on_step(s: int, gamma: float, logits: torch.Tensor, k: int = k, lo: int = lo, hi: int = hi) -> None:
             if trajectory is None and callback is None:
                 return
-            tokens = response.clone()
-            tokens[:, lo:hi] = decode_argmax(logits, mask_id)
+
+            def current() -> torch.Tensor:
+                tokens = response.clone()
+                tokens[:, lo:hi] = decode_argmax(logits, mask_id)
+                return tokens
+
+            tokens: torch.Tensor | None = None
             if trajectory is not None:
+                tokens = current()
                 trajectory.append(tokens.cpu())
             if callback is not None:
-                callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps, tokens=tokens,
-                                  gamma=gamma, extra={"block": k}))
+                callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps,
+                                  tokens=tokens if tokens is not None else current,
+                                  gamma=gamma, extra={"block": k}, committed=_prefix_mask(Bsz, L, lo, response.device),
+                                  logits=logits, window=(lo, hi)))
 
         y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
         y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
-                       on_step=on_step, show_progress=progress, desc=f"block {k + 1}/{n_blocks}")
-        response[:, lo:hi] = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
+                       on_step=on_step, check_state=checks["check_state"],
+                       check_first=checks["check_first"] if k == 0 else None)
+        response[:, lo:hi], final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
+        if callback is not None:
+            newly = _prefix_mask(Bsz, L, hi, response.device) & ~_prefix_mask(Bsz, L, lo, response.device)
+            callback(StepInfo(step=(k + 1) * config.steps - 1, total_steps=n_blocks * config.steps,
+                              tokens=response.clone(), gamma=float(grid[-1]), extra={"block": k},
+                              committed=_prefix_mask(Bsz, L, hi, response.device), newly_committed=newly,
+                              logits=final_logits, window=(lo, hi), decode=True))
     nfe = n_blocks * 2 * config.steps
     return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory)
+
+
+def _prefix_mask(rows: int, length: int, upto: int, device: torch.device) -> torch.Tensor:
+    """(rows, length) bool, True on the first `upto` positions (the Block SDE's committed blocks)."""
+    return (torch.arange(length, device=device) < upto).expand(rows, length)
 
 
 def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, forwards: int,

@@ -1,16 +1,16 @@
 """The OpenAI-compatible FastAPI app: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
 
 Requests become jobs for the `Batcher` (dynamic batching); `stream: true` answers with server-sent events that
-carry each denoising step under the extension key `dsl_llada`, then the final text as ordinary deltas and [DONE].
+carry each denoising step under the extension key `dsl_llada` (docs/serving.md, "Streamed denoising"), then the
+final text as ordinary deltas and [DONE]. Every error is an OpenAI-style JSON body; in a stream that already began,
+one final error event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,195 +21,65 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..environment import environment_record
-from ..loading import encode_prompt
-from ..model import DSLModel
-from .batcher import DONE, Batcher, Job, QueueFull, ShuttingDown
-from .prometheus import Metrics
-from .runner import BatchRunner, JobResult, context_limit
-from .schemas import (
-    ChatRequest,
-    CompletionRequest,
-    RequestError,
-    SamplingFields,
-    build_sampling,
-    error_body,
-    validation_error_param,
-)
+from .batcher import DONE, Job, NeverFits, QueueFull, RequestTimeout, ShuttingDown
+from .limits import Limits
+from .middleware import Gate, _error
+from .runner import JobResult
+from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, error_body, validation_error_param
+from .service import Service
 from .settings import ServerConfig
 
 log = logging.getLogger(__name__)
 
-
-def _error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+DISCONNECT_POLL_S = 0.25
+"""How often a non-streaming request checks that its client is still connected."""
 
 
-def _where(model) -> dict[str, Any]:
-    p = next(iter(model.parameters()), None)
-    return {"device": p.device, "dtype": p.dtype} if p is not None else {}
+def failure_body(e: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, OpenAI error body) for a job that did not finish."""
+    if isinstance(e, RequestTimeout):
+        return 504, error_body(str(e), "timeout_error", code="request_timeout")
+    if isinstance(e, ShuttingDown):
+        return 503, error_body(str(e), "server_error", code="shutting_down")
+    return 500, error_body(f"generation failed: {type(e).__name__}: {e}", "server_error")
 
 
-class Service:
-    """Everything one request handler needs: model, tokenizer, batcher, metrics, settings."""
-
-    def __init__(self, model, tokenizer, *, model_name: str, max_batch: int, max_wait_ms: float, max_queue: int,
-                 api_key: str | None, pad_batches: bool = False):
-        self.model, self.tokenizer, self.model_name, self.api_key = model, tokenizer, model_name, api_key
-        self.pad_batches = pad_batches
-        self.has_converter = isinstance(model, DSLModel)
-        self.default_sampler = "sde" if self.has_converter else "remask"
-        backbone = model.backbone if self.has_converter else model
-        self.has_kv_cache = bool(getattr(backbone, "supports_kv_cache", False))
-        self.context = context_limit(model)
-        self.metrics = Metrics()
-        self.batcher = Batcher(BatchRunner(model, tokenizer), max_batch=max_batch, max_wait_ms=max_wait_ms,
-                               max_queue=max_queue, on_batch=self._on_batch)
-        self.created = int(time.time())
-
-    def _on_batch(self, jobs, seconds: float, error: BaseException | None) -> None:
-        done = [j.future.result() for j in jobs if error is None and j.future is not None and j.future.done()
-                and not j.future.cancelled()]
-        self.metrics.batch_done(len(jobs), seconds, sum(len(r.ids) for r in done),
-                                done[0].forward_passes if done else 0, error is not None)
-
-    # -- request -> jobs ---------------------------------------------------------------------------------------------
-    def check_model(self, req: SamplingFields) -> None:
-        if req.model is not None and req.model != self.model_name:
-            raise RequestError(f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
-                               "model", status=404, code="model_not_found")
-
-    def encode_chat(self, req: ChatRequest) -> list[int]:
-        msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise RequestError("this model's tokenizer has no chat template; use /v1/completions", "messages")
-        if len(msgs) == 1 and msgs[0]["role"] == "user":  # exactly the library's encoding of one prompt
-            return encode_prompt(self.tokenizer, msgs[0]["content"], chat_template=True)
-        text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def encode_completion(self, req: CompletionRequest) -> list[list[int]]:
-        p = req.prompt
-        if isinstance(p, str):
-            p = [p]
-        if p and all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[list-item]  (ids are checked against the vocabulary in make_jobs)
-        if not p:
-            raise RequestError("prompt is empty", "prompt")
-        if req.chat_template and not getattr(self.tokenizer, "chat_template", None):
-            raise RequestError("chat_template=true but this model's tokenizer has no chat template", "chat_template")
-        return [encode_prompt(self.tokenizer, s, chat_template=req.chat_template) for s in p]  # type: ignore[arg-type]
-
-    def make_jobs(self, req: SamplingFields, prompts: list[list[int]], param: str, max_tokens: int | None,
-                  stream: bool) -> tuple[list[Job], str, Any, int, asyncio.Queue | None]:
-        name, config = build_sampling(req, default_sampler=self.default_sampler, has_converter=self.has_converter,
-                                      max_tokens=max_tokens, has_kv_cache=self.has_kv_cache)
-        for ids in prompts:
-            if not ids:
-                raise RequestError("the prompt encodes to no tokens", param)
-            bad = [i for i in ids if not 0 <= i < self._vocab_size()]
-            if bad:
-                raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self._vocab_size()})", param)
-            if self.context is not None and len(ids) + config.gen_length > self.context:
-                raise RequestError(f"the prompt is {len(ids)} tokens and gen_length is {config.gen_length}: "
-                                   f"{len(ids) + config.gen_length} tokens exceed the model's context of {self.context}; "
-                                   f"shorten the prompt or reduce max_tokens/gen_length", param,
-                                   code="context_length_exceeded")
-        seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
-        events: asyncio.Queue | None = asyncio.Queue() if stream else None
-        flat = [p for p in prompts for _ in range(req.n)]
-        # Every row has its own generator, so its random draws are those of the request run alone. By default only
-        # equal-length prompts share a batch (no padding; what remains is rounding that may change with the batch
-        # shape). pad_batches also batches different lengths (left padding + attention mask): more batching, and
-        # the masked attention rounds differently (~1e-5 in the logits). Either can flip a near-tie token.
-        jobs = [Job(key=(name, config) if self.pad_batches else (name, config, len(ids)), prompt_ids=ids,
-                    seed=seed + k, index=k, events=events) for k, ids in enumerate(flat)]
-        return jobs, name, config, seed, events
-
-    def _vocab_size(self) -> int:
-        bb = self.model.backbone if self.has_converter else self.model
-        return int(bb.vocab_size)
-
-    def finish(self, req: SamplingFields, r: JobResult) -> tuple[str, str]:
-        text = self.tokenizer.decode(r.ids, skip_special_tokens=True)
-        reason = "stop" if len(r.ids) < r.gen_length else "length"
-        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        cuts = [text.find(s) for s in stops if s and s in text]
-        if cuts:
-            text, reason = text[: min(cuts)], "stop"
-        return text, reason
-
-    def usage(self, jobs: list[Job], results: list[JobResult]) -> dict[str, int]:
-        prompt = sum(len(j.prompt_ids) for j in jobs)
-        completion = sum(len(r.ids) for r in results)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    def extension(self, name: str, config, seed: int, results: list[JobResult]) -> dict[str, Any]:
-        return {"sampler": name, "config": config.to_dict(), "seed": seed,
-                "nfe": results[0].nfe if results else None,
-                "forward_passes": results[0].forward_passes if results else None,
-                "batch_sizes": [r.batch_size for r in results]}
-
-
-class AuthAndCount:
-    """ASGI middleware: the optional static API key (constant-time compare; /health is open) and per-endpoint
-    request counts + latency of non-streamed responses (streams count themselves when they end)."""
-
-    def __init__(self, app, service: Service):
-        self.app, self.svc = app, service
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path, svc = scope["path"], self.svc
-        if svc.api_key is not None and path != "/health":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            given = headers.get("authorization", "")
-            token = given[7:] if given[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(token.encode(), svc.api_key.encode()):
-                svc.metrics.request_done(path, 401)
-                response = _error(401, "missing or wrong API key (send the header 'Authorization: Bearer KEY')",
-                                  "invalid_request_error", code="invalid_api_key")
-                return await response(scope, receive, send)
-        if not path.startswith("/v1/"):
-            return await self.app(scope, receive, send)
-        t0 = time.monotonic()
-        state: dict[str, Any] = {}
-
-        async def counting_send(message):
-            if message["type"] == "http.response.start":
-                state["status"] = message["status"]
-                state["stream"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                                      for k, v in message.get("headers", []))
-            elif message["type"] == "http.response.body" and not message.get("more_body") and not state.get("stream"):
-                timed = path in ("/v1/completions", "/v1/chat/completions")
-                svc.metrics.request_done(path, state.get("status", 500), time.monotonic() - t0 if timed else None)
-            await send(message)
-
-        return await self.app(scope, receive, counting_send)
+def dumps(body: Any) -> str:
+    """Strict JSON (a NaN or Infinity would be invalid JSON for every client: never send one)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False)
 
 
 def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: int = ServerConfig.max_batch,
                max_wait_ms: float = ServerConfig.max_wait_ms, max_queue: int = ServerConfig.max_queue,
-               api_key: str | None = None, pad_batches: bool = ServerConfig.pad_batches) -> FastAPI:
+               api_key: str | None = None, pad_batches: bool = ServerConfig.pad_batches,
+               limits: Limits | None = None, allowed_hosts: set[str] | None = None, bind_host: str = "127.0.0.1",
+               shutdown_grace_s: float | None = 30.0, environment: dict[str, Any] | None = None) -> FastAPI:
     """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer; the batching
-    settings' defaults are ServerConfig's."""
+    settings' defaults are ServerConfig's.
+
+    `limits`: request bounds (default: derived from the model, `Limits.for_model`); `allowed_hosts`: Host header
+    names accepted (None = no check; the CLI always passes `middleware.allowed_hosts(...)`); `shutdown_grace_s`:
+    how long a shutdown waits for queued/running work before cancelling it; `environment`: the record /health shows.
+    """
     svc = Service(model, tokenizer, model_name=model_name, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                  max_queue=max_queue, api_key=api_key, pad_batches=pad_batches)
+                  max_queue=max_queue, api_key=api_key, pad_batches=pad_batches, limits=limits,
+                  environment=environment)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await svc.batcher.start()
+        svc.loop = asyncio.get_running_loop()
         try:
             yield
         finally:
             log.info("draining %d queued and %d running jobs", svc.batcher.queue_length, len(svc.batcher.running))
-            await svc.batcher.close()
+            await svc.batcher.close(shutdown_grace_s)
+            svc.text_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="dsl-llada", lifespan=lifespan)
     app.state.service = svc
-    app.add_middleware(AuthAndCount, service=svc)
+    app.state.begin_shutdown = lambda: svc.begin_shutdown(shutdown_grace_s)
+    app.add_middleware(Gate, service=svc, hosts=allowed_hosts, bind=bind_host)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
@@ -219,11 +89,18 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         param = validation_error_param(tuple(err.get("loc", ())))
         if param is None:
             return _error(400, f"invalid request body: {err.get('msg')}", "invalid_request_error")
-        return _error(400, f"invalid value for {param!r}: {err.get('msg')}", "invalid_request_error", param)
+        # a union field fails once per member: say what each member expected
+        msgs = list(dict.fromkeys(str(e.get("msg")) for e in exc.errors()
+                                  if validation_error_param(tuple(e.get("loc", ()))) == param))
+        return _error(400, f"invalid value for {param!r}: {'; or: '.join(msgs)}", "invalid_request_error", param)
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(NeverFits)
+    async def on_never_fits(request: Request, exc: NeverFits):
+        return _error(400, str(exc), "invalid_request_error", code="request_too_large")
 
     @app.exception_handler(QueueFull)
     async def on_full(request: Request, exc: QueueFull):
@@ -233,11 +110,15 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
     async def on_closing(request: Request, exc: ShuttingDown):
         return _error(503, str(exc), "server_error", code="shutting_down")
 
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
     @app.get("/health")
     async def health():
-        return {"status": "draining" if svc.batcher.closing else "ok", "model": svc.model_name,
-                "queue_length": svc.batcher.queue_length, "running": len(svc.batcher.running),
-                "environment": environment_record(**_where(svc.model))}
+        status, body = svc.health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def metrics():
@@ -251,42 +132,74 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
                                             "owned_by": "dsl-llada"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
-        svc.check_model(req)
-        prompts = [svc.encode_chat(req)]
-        return await _generate(req, prompts, "messages", req.max_completion_tokens or req.max_tokens, chat=True)
+    async def chat(req: ChatRequest, request: Request):
+        svc.check_request(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+        size = sum(len(m.text()) for m in req.messages)
+        prompts = [await svc.off_loop(size, svc.encode_chat, req)]
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        return await _generate(req, request, prompts, "messages", req.max_completion_tokens or req.max_tokens,
+                               chat=True, top=top)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        svc.check_model(req)
+    async def completions(req: CompletionRequest, request: Request):
+        svc.check_request(req)
         if req.echo:
-            raise RequestError("echo is not supported", "echo")
-        return await _generate(req, svc.encode_completion(req), "prompt", req.max_tokens, chat=False)
+            raise RequestError("echo is not supported", "echo", code="unsupported_field")
+        p = req.prompt
+        size = len(p) if isinstance(p, str) else sum(len(x) if isinstance(x, str) else 1 for x in p)
+        prompts = await svc.off_loop(size, svc.encode_completion, req)
+        return await _generate(req, request, prompts, "prompt", req.max_tokens, chat=False, top=req.logprobs)
 
-    async def _generate(req: SamplingFields, prompts: list[list[int]], param: str, max_tokens: int | None, *, chat: bool):
-        jobs, name, config, seed, events = svc.make_jobs(req, prompts, param, max_tokens, req.stream)
+    async def _generate(req: SamplingFields, request: Request, prompts: list[list[int]], param: str,
+                        max_tokens: int | None, *, chat: bool, top: int | None):
+        jobs, name, config, seed, events = svc.make_jobs(req, prompts, param, max_tokens, req.stream, top)
         svc.batcher.submit(jobs)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             return StreamingResponse(_stream(req, jobs, name, config, seed, events, rid, chat),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            results: list[JobResult] = list(await asyncio.gather(*(j.future for j in jobs)))
+            results = await _wait_or_leave(jobs, request)
         except asyncio.CancelledError:
             for j in jobs:
                 svc.batcher.cancel(j)
             raise
-        except Exception as e:  # noqa: BLE001 - the batch failed; this request gets a 500, the server keeps serving
-            return _error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
+        if results is None:  # the client left: its jobs were cancelled; nobody reads this response
+            return _error(499, "client closed the request", "invalid_request_error", code="client_closed")
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            status, body = failure_body(failed)
+            return JSONResponse(body, status_code=status)
+        finished = [await svc.off_loop(len(r.ids) * (1 + (r.logprobs is not None)), svc.finish, req, r, chat)
+                    for r in results]
         choices = []
-        for j, r in zip(jobs, results):
-            text, reason = svc.finish(req, r)
-            body = {"index": j.index, "finish_reason": reason}
-            body.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
+        for j, (text, reason, logprobs) in zip(jobs, finished):
+            body: dict[str, Any] = {"index": j.index, "finish_reason": reason}
+            if chat:
+                body.update({"message": {"role": "assistant", "content": text}, "logprobs": logprobs})
+            else:
+                body.update({"text": text, "logprobs": logprobs})
             choices.append(body)
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": svc.model_name, "choices": choices, "usage": svc.usage(jobs, results),
-                "dsl_llada": svc.extension(name, config, seed, results)}
+        return JSONResponse({  # Starlette's JSONResponse is strict JSON too (allow_nan=False)
+            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": svc.model_name, "choices": choices, "usage": svc.usage(jobs, results),
+            "dsl_llada": svc.extension(name, config, seed, results)})
+
+    async def _wait_or_leave(jobs: list[Job], request: Request) -> list[Any] | None:
+        """The jobs' results (an exception in place of a failed job's), or None when the client disconnected
+        first (its jobs are then cancelled: queued ones leave the queue, running ones their batch's next step)."""
+        futures = [j.future for j in jobs]
+        while True:
+            done, pending = await asyncio.wait(futures, timeout=DISCONNECT_POLL_S)
+            if not pending:
+                return [f.exception() or f.result() for f in futures]
+            if await request.is_disconnected():
+                for j in jobs:
+                    svc.batcher.cancel(j)
+                svc.metrics.cancelled += len(jobs)
+                return None
 
     async def _stream(req, jobs: list[Job], name, config, seed, events: asyncio.Queue, rid: str,
                       chat: bool) -> AsyncIterator[bytes]:
@@ -296,19 +209,20 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(index: int, *, text: str = "", role: bool = False, finish: str | None = None,
-                  ext: dict | None = None, **top: Any) -> bytes:
+                  ext: dict | None = None, logprobs: Any = None, **top: Any) -> bytes:
             if chat:
                 delta: dict[str, Any] = {"role": "assistant"} if role else {}
                 if text:
                     delta["content"] = text
-                choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
+                choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish,
+                                          "logprobs": logprobs}
             else:
-                choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+                choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
             body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": svc.model_name,
                                     "choices": [choice], **top}
             if ext is not None:
                 body["dsl_llada"] = ext
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+            return f"data: {dumps(body)}\n\n".encode()
 
         try:
             if chat:
@@ -323,22 +237,22 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
                 yield chunk(index, ext={"denoising": ev})
             results: list[JobResult] = []
             for j in jobs:
-                try:
-                    results.append(j.future.result())
-                except Exception as e:  # noqa: BLE001
-                    status = 500
-                    err = error_body(f"generation failed: {type(e).__name__}: {e}", "server_error")
-                    yield f"data: {json.dumps(err)}\n\n".encode()
+                e = j.future.exception() if j.future.done() and not j.future.cancelled() else None
+                if e is not None or not j.future.done() or j.future.cancelled():
+                    status, err = failure_body(e or ShuttingDown("the request was cancelled"))
+                    yield f"data: {dumps(err)}\n\n".encode()  # one final error event
                     return
+                results.append(j.future.result())
             for j, r in zip(jobs, results):
-                text, reason = svc.finish(req, r)
-                if text:
-                    yield chunk(j.index, text=text)
+                text, reason, logprobs = await svc.off_loop(len(r.ids) * (1 + (r.logprobs is not None)), svc.finish,
+                                                            req, r, chat)
+                if text or logprobs is not None:
+                    yield chunk(j.index, text=text, logprobs=logprobs)
                 yield chunk(j.index, finish=reason)
             if (req.stream_options or {}).get("include_usage"):
                 body = {"id": rid, "object": obj, "created": created, "model": svc.model_name, "choices": [],
                         "usage": svc.usage(jobs, results), "dsl_llada": svc.extension(name, config, seed, results)}
-                yield f"data: {json.dumps(body)}\n\n".encode()
+                yield f"data: {dumps(body)}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = 499  # client closed the connection: free its jobs, leave the rest of the batch alone
@@ -347,6 +261,10 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
                     svc.metrics.cancelled += 1
                 svc.batcher.cancel(j)
             raise
+        except Exception as e:  # anything else after the stream began: one final error event
+            status = 500
+            log.exception("stream failed")
+            yield f"data: {dumps(error_body(f'internal error: {type(e).__name__}: {e}', 'server_error'))}\n\n".encode()
         finally:
             svc.metrics.request_done("/v1/chat/completions" if chat else "/v1/completions", status, time.monotonic() - t0)
 

@@ -1,8 +1,14 @@
 """Dynamic batching: requests with the same sampler settings run as one batched sampler call.
 
-A bounded FIFO of pending jobs; one worker task takes the oldest job, waits at most `max_wait_ms` (from that job's
-arrival) for up to `max_batch - 1` more jobs with the same key, and runs them together on a single sampler thread.
-Each job carries its own seed, so its tokens do not depend on its batch (the samplers draw from one generator per row).
+A bounded FIFO of pending jobs; one worker task takes the oldest job together with up to `max_batch - 1` queued jobs
+with the same key and runs them on a single sampler thread. By default (`max_wait_ms=0`) it never waits: a lone
+request starts at once, and requests that arrive while a batch runs form the next batch. Each job carries its own
+seed, so its tokens do not depend on its batch (the samplers draw from one generator per row).
+
+Cancellation: a job whose client left or whose deadline passed is marked; the runner's step callback sees the mark
+at the next step, answers that job at once and keeps computing its neighbours (their tokens are unchanged: their
+rows have their own generators); a batch with no live job left stops at that step (`BatchAbandoned`).
+`last_progress` is the monotonic time of the worker's last step, read by /health.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+STUCK_WAIT_S = 5.0
+"""After the shutdown grace period and cancelling, how long close() waits for the running batch's next step."""
 
 DONE = object()
 """Put on a job's event queue after its final result (or error) is set."""
@@ -40,6 +49,18 @@ class ShuttingDown(RuntimeError):
     """The server is draining and accepts no new work (HTTP 503)."""
 
 
+class NeverFits(ValueError):
+    """A request with more jobs than the queue can ever hold (HTTP 400: retrying cannot help)."""
+
+
+class RequestTimeout(RuntimeError):
+    """The job passed its deadline (HTTP 504)."""
+
+
+class BatchAbandoned(RuntimeError):
+    """Raised inside a running batch when none of its jobs has a live client left: the sampler stops at that step."""
+
+
 @dataclass(eq=False)
 class Job:
     """One response to generate: prompt ids, seed, and the settings key that decides what it may be batched with."""
@@ -56,6 +77,29 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    deadline: float | None = None
+    """Monotonic time after which the job is cancelled with RequestTimeout (None = none)."""
+    timeout_s: float | None = None
+    """The request timeout the deadline came from (for the error message)."""
+    top_logprobs: int | None = None
+    """None = no logprobs; k >= 0 = each token's log-probability and its k most likely alternatives."""
+
+    def fail_threadsafe(self, error: BaseException) -> None:
+        """From the sampler thread: stop this job and answer its request with `error` (its stream gets DONE)."""
+        self.cancelled = True
+        if self.loop is None:
+            return
+
+        def settle() -> None:
+            if self.future is not None and not self.future.done():
+                self.future.set_exception(error)
+            if self.events is not None:
+                self.events.put_nowait((self.index, DONE))
+
+        self.loop.call_soon_threadsafe(settle)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
 
     def emit(self, event: Any) -> None:
         """Thread-safe: deliver a step event to the request's stream (dropped once the client is gone)."""
@@ -66,7 +110,7 @@ class Job:
 class Batcher:
     """Groups compatible jobs and runs `run_batch(jobs) -> results` (one result per job) on one worker thread."""
 
-    def __init__(self, run_batch: Callable[[Sequence[Job]], list[Any]], *, max_batch: int = 8, max_wait_ms: float = 20.0,
+    def __init__(self, run_batch: Callable[[Sequence[Job]], list[Any]], *, max_batch: int = 8, max_wait_ms: float = 0.0,
                  max_queue: int = 256, on_batch: Callable[[Sequence[Job], float, BaseException | None], None] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
@@ -79,6 +123,10 @@ class Batcher:
         self.pending: deque[Job] = deque()
         self.running: list[Job] = []
         self.closing = False
+        self.abandoned = False
+        """True when close() had to leave a sampler thread that made no step (the process should exit hard)."""
+        self.last_progress = time.monotonic()
+        """Monotonic time of the worker's last step or batch start/end (what /health reports)."""
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -91,21 +139,46 @@ class Batcher:
                                             initializer=self._thread_init)
         self._task = asyncio.create_task(self._loop(), name="dsl-llada-batcher")
 
-    async def close(self) -> None:
-        """Stop accepting work, finish everything queued or running, then stop the worker."""
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Stop accepting work and finish everything queued or running; after `grace_s` seconds (None = no limit)
+        cancel what is left (queued jobs at once, running ones at their next step: their requests get 503)."""
         self.closing = True
         if self._wake is not None:
             self._wake.set()
-        if self._task is not None:
-            await self._task
+        if self._task is None or self._task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("grace period of %gs over: cancelling %d queued and %d running jobs", grace_s,
+                        len(self.pending), len(self.running))
+            for job in list(self.pending) + list(self.running):
+                self.cancel(job, ShuttingDown("the server shut down before this request finished"))
+            try:  # a running batch stops at its next step; one that makes no step at all is left behind
+                await asyncio.wait_for(asyncio.shield(self._task), STUCK_WAIT_S)
+            except asyncio.TimeoutError:
+                log.error("the sampler thread made no step for %gs after cancelling; leaving it behind",
+                          STUCK_WAIT_S)
+                self.abandoned = True
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """`drain(grace_s)`, then stop the worker thread."""
+        await self.drain(grace_s)
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=not self.abandoned, cancel_futures=True)
+
+    def progress(self) -> None:
+        """Called by the runner at every step (any thread): the worker is alive."""
+        self.last_progress = time.monotonic()
 
     # -- requests ----------------------------------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> None:
         """Queue all of a request's jobs, or none (QueueFull / ShuttingDown)."""
         if self.closing or self._wake is None:
             raise ShuttingDown("the server is shutting down and accepts no new requests")
+        if len(jobs) > self.max_queue:
+            raise NeverFits(f"the request needs {len(jobs)} generation jobs, more than the queue ever holds "
+                            f"(max_queue={self.max_queue})")
         if len(self.pending) + len(jobs) > self.max_queue:
             raise QueueFull(f"the request queue is full ({len(self.pending)} waiting, max_queue={self.max_queue}); "
                             f"retry later")
@@ -116,16 +189,22 @@ class Batcher:
             self.pending.append(job)
         self._wake.set()
 
-    def cancel(self, job: Job) -> None:
-        """The client is gone: drop a waiting job from the queue; a running one stops receiving events and its row's
-        result is discarded (the rest of its batch is not touched)."""
+    def cancel(self, job: Job, error: BaseException | None = None) -> None:
+        """The client is gone (or the server closes): drop a waiting job from the queue; a running one stops
+        receiving events, its row's result is discarded and its batch stops once no live job is left (the rest of
+        its batch is not touched). `error`: what the job's request gets (None = it is cancelled)."""
         job.cancelled = True
         try:
             self.pending.remove(job)
         except ValueError:
             pass
         if job.future is not None and not job.future.done():
-            job.future.cancel()
+            if error is None:
+                job.future.cancel()
+            else:
+                job.future.set_exception(error)
+                if job.events is not None:
+                    job.events.put_nowait((job.index, DONE))
 
     @property
     def queue_length(self) -> int:
@@ -169,24 +248,29 @@ class Batcher:
         for job in batch:
             job.started_at = now
         self.running = batch
+        self.last_progress = now
         error: BaseException | None = None
         results: list[Any] = []
         try:
             results = await loop.run_in_executor(self._executor, self.run_batch, batch)
             if len(results) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} jobs")
+        except BatchAbandoned as e:  # every job was cancelled: nobody waits for the rest of this batch
+            log.info("batch of %d stopped early: no live request left", len(batch))
+            error = e
         except Exception as e:  # one failing batch fails its own requests only; the worker keeps serving
             log.exception("batch of %d failed", len(batch))
             error = e
         finally:
             self.running = []
+            self.last_progress = time.monotonic()
         for i, job in enumerate(batch):
             if job.future is not None and not job.future.done():
                 if error is None:
                     job.future.set_result(results[i])
                 else:
                     job.future.set_exception(error)
-            if job.events is not None:
+            if job.events is not None and not job.cancelled:
                 job.events.put_nowait((job.index, DONE))
         if self.on_batch is not None:
             self.on_batch(batch, time.monotonic() - now, error)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,10 @@ from ..config import RemaskConfig, SDEConfig
 from ..model import DSLModel
 from ..sampling import PromptBatch, SampleOutput, StepInfo
 from ..sampling.dispatch import sample
-from .batcher import Job
+from ..sampling.guards import FiniteLogitsGuard
+from ..sampling.observers import chain_callbacks
+from .batcher import BatchAbandoned, Job, RequestTimeout
+from .logprobs import LogprobRecorder, TokenLogprob
 
 
 def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
@@ -49,16 +53,25 @@ class JobResult:
     nfe: int
     forward_passes: int
     batch_size: int
+    logprobs: list[TokenLogprob] | None = None
+    """Per response token (after truncation): its log-probability under the sampler's final distribution and the
+    top alternatives (only when the request asked for logprobs)."""
 
 
 def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
-    """The stream's per-step extension payload for one row: current decoded text (special tokens kept, so the
-    [MASK]s of the discrete samplers show), ids, step/total, SNR (SDE) and the sampler's scalar extras."""
+    """The stream's per-step extension payload for one row (docs/serving.md, "Streamed denoising"): step/total,
+    SNR (SDE) or diffusion time (discrete), the current ids and decoded text (special tokens kept, so the [MASK]s
+    of the discrete samplers show), which positions are committed (final) at this step, and the sampler's scalar
+    extras."""
     ids = info.tokens[row].tolist()
     ev: dict[str, Any] = {"step": info.step + 1, "total_steps": info.total_steps,
                           "text": tokenizer.decode(ids, skip_special_tokens=False), "token_ids": ids}
     if info.gamma is not None:
         ev["snr"] = float(info.gamma)
+    if info.time is not None:
+        ev["time"] = float(info.time)
+    if info.committed is not None:
+        ev["committed"] = [int(c) for c in info.committed[row].tolist()]
     for k, v in info.extra.items():
         if isinstance(v, torch.Tensor):
             v = v[row].item() if v.dim() else v.item()
@@ -68,25 +81,52 @@ def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
 
 
 class BatchRunner:
-    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length])."""
+    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length]).
 
-    def __init__(self, model, tokenizer):
+    Its step callback (the samplers' observer protocol) checks the NaN guard, reports progress, drops jobs that
+    were cancelled or passed their deadline (their neighbours keep computing), streams step events and records
+    logprobs when a job asked for them."""
+
+    def __init__(self, model, tokenizer, progress: Callable[[], None] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = model.special.pad_id
+        self.mask_id = model.special.mask
         self.device = model_device(model)
+        self.progress = progress
 
     def __call__(self, jobs: Sequence[Job]) -> list[JobResult]:
         name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
         prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
         gens = [seeded_generator(j.seed) for j in jobs]
+        top = max((j.top_logprobs for j in jobs if j.top_logprobs is not None), default=None)
+        recorder = LogprobRecorder(config.gen_length, top, self.mask_id) if top is not None else None
 
         def on_step(info: StepInfo) -> None:
+            if self.progress is not None:
+                self.progress()
+            now = time.monotonic()
+            live = 0
+            for job in jobs:
+                if not job.cancelled and job.expired(now):
+                    job.fail_threadsafe(RequestTimeout(f"the request passed its deadline of {job.timeout_s:g}s "
+                                                       f"(--request-timeout-s) and was cancelled"))
+                live += not job.cancelled
+            if live == 0:
+                raise BatchAbandoned("no live request left in this batch")
+            if recorder is not None:
+                recorder(info)
+            if info.decode:
+                return  # the SDE's decode call is not a step of the stream
             for row, job in enumerate(jobs):
                 if job.events is not None and not job.cancelled:
                     job.emit(step_event(info, row, self.tokenizer))
 
-        streaming = any(j.events is not None for j in jobs)
         with torch.no_grad():
-            out = run_sampler(self.model, name, config, prompts, gens, on_step if streaming else None)
-        return [JobResult(ids=ids, gen_length=config.gen_length, nfe=out.nfe, forward_passes=out.forward_passes,
-                          batch_size=len(jobs)) for ids in out.responses()]
+            out = run_sampler(self.model, name, config, prompts, gens, chain_callbacks(FiniteLogitsGuard(), on_step))
+        results = []
+        for row, (job, ids) in enumerate(zip(jobs, out.responses())):
+            lp = recorder.row(row, len(ids), job.top_logprobs, ids) if recorder is not None and job.top_logprobs is not None \
+                else None
+            results.append(JobResult(ids=ids, gen_length=config.gen_length, nfe=out.nfe,
+                                     forward_passes=out.forward_passes, batch_size=len(jobs), logprobs=lp))
+        return results

@@ -9,7 +9,8 @@ Every value not given keeps that dataclass's default, i.e. the paper's settings.
 from __future__ import annotations
 
 import typing
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,7 +41,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 class SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, then the sampler extension)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     """Served model name (optional; when given it must match GET /v1/models)."""
@@ -52,12 +53,12 @@ class SamplingFields(BaseModel):
     stream_options: dict[str, Any] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     """Seed of the per-request torch.Generator (random when absent; echoed in the response)."""
-    stop: str | list[str] | None = None
-    """Cut the final text at the first occurrence of any of these strings."""
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    """Cut the final text at the first occurrence of any of these strings (at most 4, as OpenAI's)."""
     temperature: float | None = Field(None, ge=0)
     """remask/remdm: the Gumbel sampling temperature. Not used by the SDE samplers (their noise scale is `eta`)."""
     top_p: float | None = Field(None, gt=0, le=1)
-    """Accepted for client compatibility; not used by these samplers."""
+    """Accepted for client compatibility only when 1 (no nucleus truncation: what these samplers do)."""
     user: str | None = None
     # -- extension: the sampler and its main settings ------------------------------------------------------------------
     sampler: Literal[SAMPLERS] | None = None  # type: ignore[valid-type]  # the registry's names
@@ -75,6 +76,8 @@ class CompletionRequest(SamplingFields):
     chat_template: bool = False
     """Extension: wrap each prompt string as one user turn with the tokenizer's chat template."""
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    """OpenAI's completions logprobs: each token's log-probability and this many alternatives (docs/serving.md)."""
 
 
 class ContentPart(BaseModel):
@@ -83,10 +86,12 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
+    name: str | None = None
+    """OpenAI's participant name: accepted, not rendered (the chat templates have no place for it)."""
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -95,6 +100,10 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    """Each token's log-probability under the sampler's final distribution (docs/serving.md)."""
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    """With logprobs: this many most likely alternatives per token."""
 
 
 # -- request -> (sampler, config) --------------------------------------------------------------------------------------
@@ -163,7 +172,11 @@ def build_sampling(req: SamplingFields, *, default_sampler: str, has_converter: 
         raise RequestError(str(e), param) from None
 
 
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*)$", re.I)
+
+
 def validation_error_param(loc: tuple) -> str | None:
-    """'messages.0.content' from a pydantic/FastAPI error location (without the leading 'body')."""
-    parts = [str(p) for p in loc if p != "body"]
+    """'messages.0.content' from a pydantic/FastAPI error location (without the leading 'body' and the union member
+    tags pydantic adds, e.g. 'stop.list[str]' -> 'stop')."""
+    parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_MEMBER.match(p))]
     return ".".join(parts) or None

@@ -17,8 +17,9 @@ class ServerConfig(ConfigBase):
 
     max_batch: int = 8
     """Most requests in one sampler call."""
-    max_wait_ms: float = 20.0
-    """Longest a request waits for others to batch with, in milliseconds."""
+    max_wait_ms: float = 0.0
+    """Longest the oldest request waits for others to batch with, in milliseconds (0: a lone request starts at once;
+    requests that arrive while a batch runs form the next batch)."""
     max_queue: int = 256
     """Most requests waiting; more get HTTP 429."""
     pad_batches: bool = False

@@ -19,7 +19,7 @@ from ..sampling.registry import REGISTRY, get_spec
 from .batcher import same_torch_threads
 from .runner import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
-from .trace import Trace, render_grid, run_traced
+from .trace import Trace, render_grid, render_step, run_traced
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,20 @@ def settings_to_config(model, sampler: str, nfe_or_steps, gen_length, block_leng
                           has_converter=has_converter)
 
 
+def environment_footer(model) -> str:
+    """One line of the environment record (the same record every artifact carries) for the page footer."""
+    from ..environment import environment_record
+
+    p = next(model.parameters())
+    env = environment_record(device=p.device, dtype=p.dtype)
+    git = env.get("git") or {}
+    commit = (git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
+    libs = env.get("libraries", {})
+    return (f"dsl-llada {env.get('dsl_llada')} · git {commit} · torch {libs.get('torch')} · {env.get('device')} "
+            f"{env.get('dtype')} · {env.get('cpu_model') or env.get('machine')} · threads "
+            f"{(env.get('threads') or {}).get('intra_op')} · Python {env.get('python')}")
+
+
 def _stats(trace: Trace | None, running: bool) -> str:
     if trace is None:
         return ""
@@ -100,6 +114,15 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
             final = gr.Textbox(label=f"final text {tag}", interactive=False, lines=3, elem_id=f"final-{tag}")
         return [sampler, nfe, block, eta, temp], [final, stats]
 
+    def step_view(tag: str):
+        """A slider over every step of the last run, and that step's tokens in full."""
+        state = gr.State(None)
+        slider = gr.Slider(minimum=1, maximum=2, value=1, step=1, label=f"step (sampler {tag})",
+                           elem_id=f"step-{tag}", interactive=True)
+        view = gr.HTML(render_step(None, 1), elem_id=f"stepview-{tag}")
+        slider.change(render_step, [state, slider], view)
+        return state, slider, view
+
     _live = _live_factory(model, tokenizer)
 
     with gr.Blocks(title=title, analytics_enabled=False) as blocks:
@@ -115,34 +138,59 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
                                    elem_id="chat")
                 compare = gr.Checkbox(value=True, label="compare two samplers", elem_id="compare")
         run = gr.Button("Run", variant="primary", elem_id="run")
+        status = gr.Markdown("", elem_id="status")
         with gr.Row():
             knobs_a, outs_a = panel("a", default_a)
             knobs_b, outs_b = panel("b", default_b)
         # the heatmaps get the full width: one column per response position
         gr.Markdown("**denoising, sampler a**")
         grid_a = gr.HTML(render_grid(None), elem_id="grid-a")
+        state_a, slider_a, view_a = step_view("a")
         gr.Markdown("**denoising, sampler b**")
         grid_b = gr.HTML(render_grid(None), elem_id="grid-b")
+        state_b, slider_b, view_b = step_view("b")
+        gr.Markdown(environment_footer(model), elem_id="env-footer")
+
+        def check(prompt_text, length, use_chat, two, knobs):
+            """(prompt ids, [(sampler, config)]) or a RequestError/ValueError with the reason."""
+            ids = encode_prompt(tokenizer, prompt_text or "", chat_template=bool(use_chat))
+            cfgs = [settings_to_config(model, knobs[0], knobs[1], length, knobs[2], knobs[3], knobs[4])]
+            if two:
+                cfgs.append(settings_to_config(model, knobs[5], knobs[6], length, knobs[7], knobs[8], knobs[9]))
+            if not ids:
+                raise ValueError("the prompt encodes to no tokens")
+            if limit is not None and len(ids) + cfgs[0][1].gen_length > limit:
+                raise ValueError(f"prompt ({len(ids)} tokens) + response length exceeds the model's context of {limit}")
+            return ids, cfgs
 
         def go(prompt_text, seed_v, length, use_chat, two, *knobs):
+            # every run starts by clearing the last run's error; an error is shown in the status line (and the
+            # panels keep what they showed), so a later successful run leaves no stale error behind
+            blank = [render_grid(None), "", "", None, gr.update(maximum=2, value=1), render_step(None, 1)]
+            shown: list[list] = [list(blank), list(blank)]
+            if not two:
+                shown[1][2] = "(off)"
             try:
-                ids = encode_prompt(tokenizer, prompt_text or "", chat_template=bool(use_chat))
-                cfgs = [settings_to_config(model, knobs[0], knobs[1], length, knobs[2], knobs[3], knobs[4])]
-                if two:
-                    cfgs.append(settings_to_config(model, knobs[5], knobs[6], length, knobs[7], knobs[8], knobs[9]))
+                ids, cfgs = check(prompt_text, length, use_chat, two, knobs)
             except (RequestError, ValueError) as e:
-                raise gr.Error(str(e)) from None
-            if not ids:
-                raise gr.Error("the prompt encodes to no tokens")
-            if limit is not None and len(ids) + cfgs[0][1].gen_length > limit:
-                raise gr.Error(f"prompt ({len(ids)} tokens) + response length exceeds the model's context of {limit}")
-            shown: list[list] = [[render_grid(None), "", ""], [render_grid(None), "", "" if two else "(off)"]]
+                yield [f"**error:** {e}", *[gr.update() for _ in range(12)]]
+                return
+            yield ["", *shown[0], *shown[1]]
             for k, (name, cfg) in enumerate(cfgs):
-                for trace, running in _live(ids, name, cfg, int(seed_v or 0)):
-                    shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running)]
-                    yield shown[0] + shown[1]
+                try:
+                    for trace, running in _live(ids, name, cfg, int(seed_v or 0)):
+                        n = len(trace.steps)
+                        shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running),
+                                    None if running else trace,
+                                    gr.update() if running else gr.update(maximum=max(2, n), value=max(1, n)),
+                                    gr.update() if running else render_step(trace, n)]
+                        yield ["", *shown[0], *shown[1]]
+                except Exception as e:  # noqa: BLE001 - a failing sampler run is shown in the page
+                    yield [f"**error:** {type(e).__name__}: {e}", *shown[0], *shown[1]]
+                    return
 
-        run.click(go, [prompt, seed, gen_length, chat, compare, *knobs_a, *knobs_b], [grid_a, *outs_a, grid_b, *outs_b])
+        run.click(go, [prompt, seed, gen_length, chat, compare, *knobs_a, *knobs_b],
+                  [status, grid_a, *outs_a, state_a, slider_a, view_a, grid_b, *outs_b, state_b, slider_b, view_b])
     return blocks
 
 
@@ -175,9 +223,7 @@ def _live_factory(model, tokenizer):
                 time.sleep(REFRESH_S)
         worker.join()
         if "error" in result:
-            import gradio as gr
-
-            raise gr.Error(f"{type(result['error']).__name__}: {result['error']}")
+            raise result["error"]
         yield result["trace"], False
     return live
 

@@ -14,7 +14,7 @@ import torch
 
 from ..config import REMDM
 from ..eval import metrics as M
-from ..eval.correction import aggregate_fix_clean, fix_clean_records
+from ..eval.fix_clean import aggregate_fix_clean, fix_clean_records
 from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from ..stats import bootstrap_ratio
@@ -166,7 +166,7 @@ def error_correction(models: Mapping[str, torch.nn.Module], tokenizer, examples:
     ids, one forward, argmax; Fix/Clean per text, macro-averaged over texts. Every model is read through its
     discrete path (wte, the authors' protocol); DSL models also through the converter's clean embeddings
     W[:, id] + c, the input pathway DSL training actually adapted (the authors' probes never exercise it).
-    The shared implementation is `dsl_llada.eval.correction` (one text per forward here, as before)."""
+    The shared implementation is `dsl_llada.eval.fix_clean` (one text per forward here, as before)."""
     rows = []
     texts = [ex.response for ex in examples if ex.response.strip()]
     paths = []

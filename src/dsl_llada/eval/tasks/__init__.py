@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import SamplingTask, SummaryContext, TaskSummary
+from .task import SamplingTask, SummaryContext, TaskSummary
 
 
 def get_task(name: str):

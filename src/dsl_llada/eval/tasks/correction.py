@@ -1,4 +1,4 @@
-"""Error correction as a task (paper T1, official-impl §5.1), wrapping `dsl_llada.eval.correction`.
+"""Error correction as a task (paper T1, official-impl §5.1), wrapping `dsl_llada.eval.fix_clean`.
 
 Dataset kinds:
 * `random` (e.g. wikitext_texts_100): random-token corruption at each rate in `rates` (default 10/30/50 %); the
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..eval_config import DatasetSpec, ModelSpec
-from ..data import (
+from ..samples import (
     DataError,
     Sample,
     check_usable,
@@ -31,7 +31,7 @@ from ..data import (
     sliced,
 )
 from ...utils import save_figure
-from .base import SummaryContext, TaskSummary, usable_paths
+from .task import SummaryContext, TaskSummary, usable_paths
 
 KINDS = {"semantic": ("semantic",), "benchmark": ("benchmark",), "noisy-edit": ("noisy", "edit"),
          "random": ("wikitext", "texts", "random")}
@@ -99,7 +99,7 @@ class CorrectionTask:
 
     def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int,
                   mode: str) -> list[tuple[dict[str, Any] | None, str | None]]:
-        from .. import correction as C
+        from .. import fix_clean as C
 
         model, tok = loaded.model, loaded.tokenizer
         kind, path, gamma = params["kind"], params["path"], params["gamma"]
@@ -135,7 +135,7 @@ class CorrectionTask:
         return out
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from ..correction import aggregate_fix_clean
+        from ..fix_clean import aggregate_fix_clean
 
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for r in records:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..eval_config import DatasetSpec
-from ..data import (
+from ..samples import (
     Sample,
     check_usable,
     infer_kind,
@@ -26,7 +26,7 @@ from ..data import (
     sliced,
 )
 from ..report import pivot
-from .base import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
+from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
 
 KINDS = {"prefix": ("prefix", "continuation", "wikitext"), "prompts": ("prompt", "longform", "long-form", "long_form")}
 PPL_WORDS = 128

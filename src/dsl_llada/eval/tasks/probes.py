@@ -1,10 +1,10 @@
-"""Probes as a task (official-impl §5.2/§5.3), wrapping `dsl_llada.eval.probes`: mask accuracy + ECE (15 bins)
+"""Probes as a task (official-impl §5.2/§5.3), wrapping `dsl_llada.eval.forward_probes`: mask accuracy + ECE (15 bins)
 at mask rates 30/50/70 % with a reliability diagram, and context robustness (30 % masked, c % of the context
 corrupted, micro accuracy). One-forward task: items are keyed by model and text.
 
 Options: mask_rates, corrupt_pcts, context (bool, default true), paths (['discrete'] | 'converter'),
 use_token_ids, id_range, max_tokens (256), bins (15). The converter phase table is a library call
-(`dsl_llada.eval.probes.converter_phase_table`), not a per-text item.
+(`dsl_llada.eval.forward_probes.converter_phase_table`), not a per-text item.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..eval_config import DatasetSpec, ModelSpec
-from ..data import Sample, check_usable, pick_field, read_rows, row_id, sliced
-from .base import SummaryContext, TaskSummary, usable_paths
+from ..samples import Sample, check_usable, pick_field, read_rows, row_id, sliced
+from .task import SummaryContext, TaskSummary, usable_paths
 
 OPTIONS = ("mask_rates", "corrupt_pcts", "context", "paths", "use_token_ids", "id_range", "max_tokens", "bins")
 
@@ -61,7 +61,7 @@ class ProbesTask:
 
     def run_batch(self, loaded, samples: list[Sample], params: dict[str, Any], seed: int, mode: str
                   ) -> list[tuple[dict[str, Any] | None, str | None]]:
-        from .. import probes as P
+        from .. import forward_probes as P
 
         texts = [s.info.get("tokens") or s.info["text"] for s in samples]
         ids = [s.index for s in samples]
@@ -83,7 +83,7 @@ class ProbesTask:
         return [(by.get(s.index, {"skipped": True}), None) for s in samples]
 
     def summarize(self, records: list[dict[str, Any]], ctx: SummaryContext) -> TaskSummary:
-        from .. import probes as P
+        from .. import forward_probes as P
 
         bins = int(ctx.task.options.get("bins", 15))
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...stats import bootstrap_ratio
 from ..eval_config import DatasetSpec
-from ..data import (
+from ..samples import (
     Sample,
     check_usable,
     infer_kind,
@@ -20,7 +20,7 @@ from ..data import (
     sliced,
 )
 from ..report import pivot
-from .base import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
+from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
 
 KINDS = {"gsm8k": ("gsm8k", "gsm"), "math": ("math",)}
 TEMPLATES = {

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import metrics as M
-from .correction import _encode, special_ids
+from .fix_clean import _encode, special_ids
 from ..utils import save_figure
 
 __all__ = ["calibration_summary", "context_robustness_records", "context_robustness_summary",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..eval_config import DatasetSpec, EvalConfig, TaskSpec
-from ..data import Sample
+from ..samples import Sample
 
 
 @dataclass

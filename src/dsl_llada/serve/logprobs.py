@@ -1,0 +1,71 @@
+"""Log-probabilities of the final tokens, from the sampler's final distribution (a step callback; docs/serving.md).
+
+Which distribution that is depends on the sampler: for the SDE samplers, the converter's posterior of the decode
+pass (softmax of its logits, renormalised without [MASK], which the decode never picks); for remasking / ReMDM,
+the model's (guided, with banned ids removed) distribution at the step that committed the token (the last commit
+for a ReMDM token that was re-masked and committed again). The recorder only looks at the positions committed at
+each step, so it costs nothing on steps that commit nothing, and nothing at all when no request asked for logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import StepInfo
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    """The most likely ids at the same position and step, with their log-probabilities (best first)."""
+
+
+class LogprobRecorder:
+    """Step callback recording, per row and response position, the log-probability of the token committed there
+    and the `top` most likely alternatives (0 = the token's own only)."""
+
+    def __init__(self, gen_length: int, top: int, mask_id: int):
+        self.L, self.k, self.mask_id = gen_length, min(int(top), MAX_TOP_LOGPROBS), mask_id
+        self.chosen: torch.Tensor | None = None
+        self.top_ids: torch.Tensor | None = None
+        self.top_lps: torch.Tensor | None = None
+
+    def __call__(self, info: StepInfo) -> None:
+        if info.newly_committed is None or info.logits is None or info.window is None:
+            return
+        lo, hi = info.window
+        fresh = info.newly_committed[:, lo:hi]
+        if not bool(fresh.any()):
+            return
+        B = fresh.shape[0]
+        if self.chosen is None:
+            self.chosen = torch.full((B, self.L), float("nan"), dtype=torch.float64)
+            self.top_ids = torch.zeros((B, self.L, self.k), dtype=torch.long)
+            self.top_lps = torch.zeros((B, self.L, self.k), dtype=torch.float64)
+        rows, cols = fresh.nonzero(as_tuple=True)
+        logits = info.logits[rows, cols].double()  # (N, V): only the committed positions
+        logits[:, self.mask_id] = float("-inf")
+        lp = torch.log_softmax(logits, dim=-1)
+        tokens = info.tokens[rows, cols + lo]
+        r, c = rows.cpu(), (cols + lo).cpu()
+        self.chosen[r, c] = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        if self.k:
+            vals, ids = lp.topk(self.k, dim=-1)
+            self.top_ids[r, c] = ids.cpu()
+            self.top_lps[r, c] = vals.cpu()
+
+    def row(self, row: int, length: int, top: int, ids: list[int] | None = None) -> list[TokenLogprob]:
+        """The first `length` positions of `row` with `top` alternatives each (ids: the row's response tokens)."""
+        if self.chosen is None:
+            raise RuntimeError("the sampler committed no token through its step callback")
+        out = []
+        for j in range(length):
+            alts = [(int(i), float(v)) for i, v in zip(self.top_ids[row, j, :top].tolist(), self.top_lps[row, j, :top].tolist())]
+            out.append(TokenLogprob(token_id=-1 if ids is None else ids[j], logprob=float(self.chosen[row, j]), top=alts))
+        return out
