@@ -129,7 +129,7 @@ def test_run_batch_guards_against_nan_weights(model):
         run_batch(broken, PROMPTS[:2], CONFIGS[0], [1, 2])
     with pytest.raises(NonFiniteStateError, match="NaN at block step 0"):  # unguarded, the sampler's own check stops it
         run_batch(broken, PROMPTS[:2], CONFIGS[0], [1, 2], guard=False)
-    with pytest.raises(NonFiniteStateError, match="SDE state"):
+    with pytest.raises(NonFiniteLogitsError, match="weights are damaged"):  # the SDE's own first-pass check
         run_batch(broken, PROMPTS[:2], CONFIGS[1], [1, 2], guard=False)
 
 

@@ -167,9 +167,11 @@ def test_a_request_past_its_deadline_is_cancelled_and_the_worker_freed(tiny):
 
 def test_a_non_streaming_client_that_leaves_is_cancelled_and_its_neighbour_is_unchanged(tiny):
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=5000)
+    # 4,000 steps: long enough that the quitter's 1.5 s timeout always comes first (1,000 steps once finished in time)
+    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=5000,
+                     limits=Limits.for_model(64, 1, max_steps=100_000))
     svc = app.state.service
-    body = {"max_tokens": 40, "sampler": "remask", "steps": 1000, "temperature": 0.5}
+    body = {"max_tokens": 40, "sampler": "remask", "steps": 4000, "temperature": 0.5}
     with uvicorn_server(app) as (base, _), ThreadPoolExecutor(2) as pool:
         def quitter():
             with pytest.raises(httpx.TimeoutException):
@@ -180,7 +182,7 @@ def test_a_non_streaming_client_that_leaves_is_cancelled_and_its_neighbour_is_un
         r = stay.result()
     assert r.status_code == 200 and r.json()["dsl_llada"]["batch_sizes"] == [2]
     assert r.json()["choices"][0]["message"]["content"] == library_text(
-        model, tok, PROMPT, "remask", RemaskConfig(steps=1000, gen_length=40, temperature=0.5), 2)
+        model, tok, PROMPT, "remask", RemaskConfig(steps=4000, gen_length=40, temperature=0.5), 2)
     assert svc.metrics.cancelled == 1
 
 
