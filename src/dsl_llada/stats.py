@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_SEED", "RESAMPLES", "bootstrap_ratio", "compare", "format_interval", "separated"]
+__all__ = ["BOOTSTRAP_SEED", "RESAMPLES", "bootstrap_ratio", "compare", "format_interval", "seed_spread", "separated"]
 
 BOOTSTRAP_SEED = 20_260_518
 """Seed of the resampling (fixed: the same records always give the same interval)."""
@@ -70,3 +70,14 @@ def format_interval(value: float | None, interval: tuple[float, float] | None, s
     if interval is None:
         return format(value, spec)
     return f"{format(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
+
+
+def seed_spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """Spread of one metric across sampling seeds: {"n", "min", "max", "sd"} over the values that exist (a metric
+    can be undefined for a seed, e.g. GenPPL when every output was empty). `sd` is the sample standard deviation
+    (n - 1 in the denominator), None below two values; min/max are None without any value."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return {"n": 0, "min": None, "max": None, "sd": None}
+    sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+    return {"n": len(vals), "min": min(vals), "max": max(vals), "sd": sd}

@@ -49,6 +49,33 @@ def pivot(rows: Sequence[dict[str, Any]], value: str, *, row_key: str = "method"
     return "\n".join([head, sep, *body])
 
 
+def seed_spread_markdown(rows: Sequence[dict[str, Any]], metrics: dict[str, str]) -> list[str]:
+    """Markdown lines giving, per (dataset, method, NFE) row and metric, the per-seed values and their spread
+    (rows carry `seeds`, and with two or more seeds `per_seed` and `seed_spread`: `eval.tasks.task.seed_values`).
+    A run with one seed gets one line saying so; rows without `seeds` (tasks without sampling seeds) get nothing."""
+    seeded = [r for r in rows if r.get("seeds")]
+    if not seeded:
+        return []
+    if not any("per_seed" in r for r in seeded):
+        seeds = sorted({s for r in seeded for s in r["seeds"]})
+        return [f"Spread across seeds: {len(seeds)} seed ({', '.join(map(str, seeds))}), no spread to report "
+                "(list two or more `seeds` in the config).", ""]
+    out = ["Spread across sampling seeds (each metric recomputed on one seed's items alone; SD over seeds, n - 1):", "",
+           "| dataset | method | NFE | metric | per seed | min – max | SD |", "|---|---|---|---|---|---|---|"]
+    for r in seeded:
+        if "per_seed" not in r:  # a row one seed reached (a run still going, or errors)
+            out.append(f"| {r['dataset']} | {r['method']} | {r['nfe']} | – | 1 seed ({r['seeds'][0]}) | – | – |")
+            continue
+        for key, spec in metrics.items():
+            if key not in r["per_seed"]:
+                continue
+            per = ", ".join(f"{s}: {_fmt(v, spec)}" for s, v in zip(r["seeds"], r["per_seed"][key]))
+            sp = r["seed_spread"][key]
+            rng = "–" if sp["min"] is None else f"{_fmt(sp['min'], spec)} – {_fmt(sp['max'], spec)}"
+            out.append(f"| {r['dataset']} | {r['method']} | {r['nfe']} | {key} | {per} | {rng} | {_fmt(sp['sd'], spec)} |")
+    return out + [""]
+
+
 def plot_nfe_curves(rows: Sequence[dict[str, Any]], path: str | Path,
                     panels: Sequence[tuple[str, str]] = (("ppl", "Perplexity (exact, lower is better)"),
                                                          ("rep", "Rep % (adjacent repeats)"),

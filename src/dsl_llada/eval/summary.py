@@ -14,6 +14,7 @@ from ..environment import environment_footer
 from ..utils import atomic_write_text
 from . import shards as R
 from .eval_config import EvalConfig
+from .report import seed_spread_markdown
 from .tasks import SummaryContext, get_task
 
 
@@ -68,10 +69,11 @@ def write_report(run_dir: str | Path, *, mode: str | None = None) -> dict[str, A
         recs = [r for r in records if r["task"] == tspec.name]
         if not recs:
             continue
-        res = get_task(tspec.name).summarize(recs, SummaryContext(cfg, tspec, run_dir, mode, figures_dir))
+        task = get_task(tspec.name)
+        res = task.summarize(recs, SummaryContext(cfg, tspec, run_dir, mode, figures_dir))
         summary["tasks"][tspec.name] = {"rows": res.rows, "figures": res.figures, "n_items": stats[tspec.name]["n"],
                                         "n_errors": stats[tspec.name]["errors"], **res.extra}
-        md += [f"## {tspec.name}", "", res.markdown, ""]
+        md += [f"## {tspec.name}", "", res.markdown, "", *seed_spread_markdown(res.rows, getattr(task, "seed_metrics", {}))]
         md += [f"![{f}]({f})" for f in res.figures] + [""]
     errors = [r for r in records if r.get("error")]
     if errors:

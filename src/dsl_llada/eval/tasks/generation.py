@@ -26,7 +26,7 @@ from ..samples import (
     sliced,
 )
 from ..report import pivot
-from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
+from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records, seed_values
 
 KINDS = {"prefix": ("prefix", "continuation", "wikitext"), "prompts": ("prompt", "longform", "long-form", "long_form")}
 PPL_WORDS = 128
@@ -37,8 +37,28 @@ def ppl_text(text: str) -> str:
     return " ".join(text.split()[:PPL_WORDS])
 
 
+def _texts(recs: list[dict[str, Any]]) -> list[str]:
+    """The outputs of a group's records, an errored item counting as an empty output."""
+    return [r.get("text", "") if r.get("error") is None else "" for r in recs]
+
+
+def _seed_values(recs: list[dict[str, Any]], ppl: dict[str, tuple[float, int]] | None, mode: str) -> dict[str, float | None]:
+    """The headline metrics of one seed's records, by the same aggregates as the pooled row."""
+    from ..metrics import generation_metrics
+    from ..scorers.genppl import gen_ppl
+
+    texts = _texts(recs)
+    g = generation_metrics(texts, mode=mode)
+    out: dict[str, float | None] = {}
+    if ppl is not None:
+        out["genppl"] = gen_ppl([ppl[ppl_text(t)] for t in texts if t.strip()], mode=mode)
+    out.update({k: None if g[k] is None else float(g[k]) for k in ("d2", "rep", "len")})
+    return out
+
+
 class GenerationTask(SamplingTask):
     name = "generation"
+    seed_metrics = {"genppl": ".2f", "d2": ".3f", "rep": ".3f", "len": ".1f"}
 
     def samples(self, ds: DatasetSpec, options: dict[str, Any]) -> list[Sample]:
         kind = infer_kind(ds, KINDS, self.name)
@@ -85,7 +105,7 @@ class GenerationTask(SamplingTask):
         rows = []
         for (ds, method, nfe), recs in group_records(records).items():
             row = base_row(ds, method, nfe, recs)
-            texts = [r.get("text", "") if r.get("error") is None else "" for r in recs]
+            texts = _texts(recs)
             row.update(generation_metrics(texts, mode=ctx.mode))
             if ppl is not None:
                 from ..scorers.genppl import gen_ppl
@@ -109,6 +129,7 @@ class GenerationTask(SamplingTask):
                             ("empty", "premature_eos", "repetition", "degen_ending")})
             if ctx.task.options.get("mauve"):
                 row["mauve"] = _mauve(recs)
+            row.update(seed_values(recs, lambda rs: _seed_values(rs, ppl, ctx.mode)))
             rows.append(row)
         md = []
         figs = []

@@ -20,7 +20,7 @@ from ..samples import (
     sliced,
 )
 from ..report import pivot
-from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
+from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records, seed_values
 
 KINDS = {"gsm8k": ("gsm8k", "gsm"), "math": ("math",)}
 TEMPLATES = {
@@ -33,6 +33,7 @@ TEMPLATES = {
 
 class ReasoningTask(SamplingTask):
     name = "reasoning"
+    seed_metrics = {"acc": ".1f"}
 
     def samples(self, ds: DatasetSpec, options: dict[str, Any]) -> list[Sample]:
         kind = infer_kind(ds, KINDS, self.name)
@@ -86,6 +87,9 @@ class ReasoningTask(SamplingTask):
                 row[f"{key}_ci"] = bootstrap_ratio([100.0 * bool(x.get(field)) for x in m])
             row["acc_ci"] = row["acc_authors_ci"] if ctx.mode == "authors" else row["acc_default_ci"]
             row["answered"] = sum(1 for x in m if x.get("pred"))
+            acc_field = "correct_authors" if ctx.mode == "authors" else "correct"
+            row.update(seed_values(recs, lambda rs: {"acc": 100.0 * sum(bool((r.get("metrics") or {}).get(acc_field))
+                                                                        for r in rs) / len(rs)}))
             rows.append(row)
         md = []
         for ds in dict.fromkeys(r["dataset"] for r in rows):

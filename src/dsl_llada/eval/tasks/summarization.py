@@ -24,7 +24,15 @@ from ..samples import (
     sliced,
 )
 from ..report import pivot
-from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records
+from .task import SamplingTask, SummaryContext, TaskSummary, base_row, group_records, seed_values
+
+ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
+
+
+def _rouge_rows(recs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per-item ROUGE F1 x100 of a group's records (an errored item scores 0)."""
+    ms = [(r.get("metrics") or {}) if r.get("error") is None else {} for r in recs]
+    return [{k: m.get(k, 0.0) for k in ROUGE_KEYS} for m in ms]
 
 KINDS = {"xsum": ("xsum",), "cnndm": ("cnn", "dailymail", "cnndm"), "pubmed": ("pubmed",), "arxiv": ("arxiv",)}
 TEMPLATES = {
@@ -53,6 +61,7 @@ def delta_bucket(delta: float) -> str:
 
 class SummarizationTask(SamplingTask):
     name = "summarization"
+    seed_metrics = {"rouge1": ".2f", "rouge2": ".2f", "rougeL": ".2f"}
 
     def samples(self, ds: DatasetSpec, options: dict[str, Any]) -> list[Sample]:
         kind = infer_kind(ds, KINDS, self.name)
@@ -124,7 +133,7 @@ class SummarizationTask(SamplingTask):
         for (ds, method, nfe), recs in groups.items():
             row = base_row(ds, method, nfe, recs)
             ms = [(r.get("metrics") or {}) if r.get("error") is None else {} for r in recs]
-            rouge_rows = [{k: m.get(k, 0.0) for k in ("rouge1", "rouge2", "rougeL")} for m in ms]
+            rouge_rows = _rouge_rows(recs)
             row.update(rouge_aggregate(rouge_rows, mode=ctx.mode))
             for k in ("rouge1", "rouge2", "rougeL"):  # 95 % bootstrap intervals over samples (same per-sample values)
                 row[f"{k}_ci"] = bootstrap_ratio([round(float(r[k]), 2) if ctx.mode == "authors" else float(r[k])
@@ -137,6 +146,7 @@ class SummarizationTask(SamplingTask):
             if bert is not None:
                 vals = [bert[r["key"]] for r in recs if r["key"] in bert]
                 row["bertscore_f1"] = 100.0 * statistics.fmean(v[2] for v in vals) if vals else None
+            row.update(seed_values(recs, lambda rs: dict(rouge_aggregate(_rouge_rows(rs), mode=ctx.mode))))
             rows.append(row)
         baseline = ctx.task.options.get("baseline") or next(
             (m.name for m in ctx.config.task_methods(ctx.task) if m.preset == "llada"), None)

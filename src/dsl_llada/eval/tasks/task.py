@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..eval_config import DatasetSpec, EvalConfig, TaskSpec
@@ -35,6 +36,8 @@ class SamplingTask:
     """A task whose work items are prompts answered by a sampler; subclasses define the protocol."""
 
     name = ""
+    seed_metrics: dict[str, str] = {}
+    """Row metrics whose per-seed values and spread across seeds `eval report` gives (metric -> format spec)."""
 
     def samples(self, ds: DatasetSpec, options: dict[str, Any]) -> list[Sample]:
         raise NotImplementedError
@@ -70,6 +73,25 @@ def base_row(dataset: str, method: str, nfe: int, recs: list[dict[str, Any]]) ->
             "forward_passes": max((r.get("forward_passes") or 0 for r in ok), default=None),
             "seconds_per_sample": (sum(r.get("seconds", 0.0) for r in ok) / len(ok)) if ok else None,
             "gen_tokens": (sum(r.get("n_tokens", 0) for r in ok) / len(ok)) if ok else None}
+
+
+def seed_values(recs: list[dict[str, Any]],
+                values: Callable[[list[dict[str, Any]]], dict[str, float | None]]) -> dict[str, Any]:
+    """The seeds of a summary row's records, and with two or more: each metric recomputed on each seed's records
+    alone (`values`, the same aggregate as the row's) and its spread across seeds (`dsl_llada.stats.seed_spread`).
+
+    Returns {"seeds": [...]} and, for >= 2 seeds, "per_seed" (metric -> values in seed order) and "seed_spread"
+    (metric -> {"n", "min", "max", "sd"})."""
+    from ...stats import seed_spread
+
+    seeds = sorted({int(r["seed"]) for r in recs})
+    out: dict[str, Any] = {"seeds": seeds}
+    if len(seeds) < 2:
+        return out
+    per = [values([r for r in recs if int(r["seed"]) == s]) for s in seeds]
+    out["per_seed"] = {k: [p[k] for p in per] for k in per[0]}
+    out["seed_spread"] = {k: seed_spread(v) for k, v in out["per_seed"].items()}
+    return out
 
 
 def is_dsl_folder(path: str) -> bool:
