@@ -1,5 +1,6 @@
 """The intra-op thread default on a shared CPU: the default count (`usable_cpus()`) against one thread, with one
-CPU-bound neighbour process running, and the same default with OpenMP's passive waiting.
+CPU-bound neighbour process running (or none: `--neighbours 0`, the idle case), under OpenMP's own wait policy
+(unset), spin waiting (ACTIVE) and passive waiting (PASSIVE, what the CLI sets).
 
 Each variant runs in a fresh process (OpenMP reads OMP_WAIT_POLICY once, when the runtime starts), timing `--reps`
 seeded SDE sampling calls on a demo-shaped model (the toy world's vocabulary and size) after one warm-up call; the
@@ -54,7 +55,9 @@ VARIANTS = {  # name -> (threads or None for the default, extra environment)
     "default": (None, {}),
     "one thread": (1, {}),
     "default, OMP_WAIT_POLICY=PASSIVE": (None, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "default, OMP_WAIT_POLICY=ACTIVE": (None, {"OMP_WAIT_POLICY": "ACTIVE"}),
 }
+SPIN = "default, OMP_WAIT_POLICY=ACTIVE"
 
 
 def run_variant(name: str, shape: str, reps: int) -> dict:
@@ -102,11 +105,13 @@ def main() -> None:
             h.kill()
             h.wait()
     env = finish_record(env)
-    one = times["one thread"]
+    one, spin = times["one thread"], times[SPIN]
     rows = [{"variant": n, "threads": threads[n], "median_s": med_spread(t)[0], "min_s": med_spread(t)[1],
              "max_s": med_spread(t)[2],  # the ratio to one thread within each round (the figure to trust), median
              "vs_one_thread": statistics.median(x / o for x, o in zip(t, one)),
-             "vs_one_thread_rounds": [x / o for x, o in zip(t, one)]} for n, t in times.items()]
+             "vs_one_thread_rounds": [x / o for x, o in zip(t, one)],
+             "vs_spin": statistics.median(x / o for x, o in zip(t, spin)),  # the same against spin waiting
+             "vs_spin_rounds": [x / o for x, o in zip(t, spin)]} for n, t in times.items()]
     result = {"shape": a.shape, **SHAPES[a.shape], "neighbours": a.neighbours, "rounds": a.rounds, "reps": a.reps,
               "rows": rows, "environment": env}
     print(json.dumps(result, indent=2))
@@ -119,12 +124,15 @@ def main() -> None:
                  f"fresh process, variants interleaved, median of {a.rounds} rounds (each the median of {a.reps} "
                  f"calls).", "",
                  "| variant | intra-op threads | median s per call | spread | vs one thread, same round (median; "
-                 "each round) |", "|---|---|---|---|---|"]
+                 "each round) | vs spin waiting (ACTIVE), same round (median; each round) |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['variant']} | {r['threads']} | {r['median_s']:.3f} | {r['min_s']:.3f}–{r['max_s']:.3f} | "
-                  f"{r['vs_one_thread']:.2f}x ({', '.join(f'{x:.2f}' for x in r['vs_one_thread_rounds'])}) |"
+                  f"{r['vs_one_thread']:.2f}x ({', '.join(f'{x:.2f}' for x in r['vs_one_thread_rounds'])}) | "
+                  f"{r['vs_spin']:.2f}x ({', '.join(f'{x:.2f}' for x in r['vs_spin_rounds'])}) |"
                   for r in rows]
         lines += ["", f"Environment: {env_line(env)}."]
-        write_section(f"Thread default under contention ({a.shape})", "\n".join(lines))
+        title = f"Thread default under contention ({a.shape})" if a.neighbours else \
+            f"Passive OpenMP waiting on an idle machine ({a.shape})"
+        write_section(title, "\n".join(lines))
 
 
 def env_line(env: dict) -> str:
