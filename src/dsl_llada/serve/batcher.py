@@ -6,8 +6,9 @@ request starts at once, and requests that arrive while a batch runs form the nex
 seed, so its tokens do not depend on its batch (the samplers draw from one generator per row).
 
 Cancellation: a job whose client left or whose deadline passed is marked; the runner's step callback sees the mark
-at the next step, answers that job at once and keeps computing its neighbours (their tokens are unchanged: their
-rows have their own generators); a batch with no live job left stops at that step (`BatchAbandoned`).
+at the next step, answers that job at once and removes its row from the running batch (`StepInfo.drop`); its
+neighbours go on with the tokens they would have had (their rows have their own generators), and a batch with no
+live job left stops at that step. `run_batch` returns None for a dropped job.
 `last_progress` is the monotonic time of the worker's last step, read by /health.
 """
 
@@ -55,10 +56,6 @@ class NeverFits(ValueError):
 
 class RequestTimeout(RuntimeError):
     """The job passed its deadline (HTTP 504)."""
-
-
-class BatchAbandoned(RuntimeError):
-    """Raised inside a running batch when none of its jobs has a live client left: the sampler stops at that step."""
 
 
 @dataclass(eq=False)
@@ -191,8 +188,8 @@ class Batcher:
 
     def cancel(self, job: Job, error: BaseException | None = None) -> None:
         """The client is gone (or the server closes): drop a waiting job from the queue; a running one stops
-        receiving events, its row's result is discarded and its batch stops once no live job is left (the rest of
-        its batch is not touched). `error`: what the job's request gets (None = it is cancelled)."""
+        receiving events and its row leaves the batch at the next step (the rest of its batch is not touched; a
+        batch with no live job left stops). `error`: what the job's request gets (None = it is cancelled)."""
         job.cancelled = True
         try:
             self.pending.remove(job)
@@ -255,9 +252,6 @@ class Batcher:
             results = await loop.run_in_executor(self._executor, self.run_batch, batch)
             if len(results) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} jobs")
-        except BatchAbandoned as e:  # every job was cancelled: nobody waits for the rest of this batch
-            log.info("batch of %d stopped early: no live request left", len(batch))
-            error = e
         except Exception as e:  # one failing batch fails its own requests only; the worker keeps serving
             log.exception("batch of %d failed", len(batch))
             error = e
@@ -266,7 +260,9 @@ class Batcher:
             self.last_progress = time.monotonic()
         for i, job in enumerate(batch):
             if job.future is not None and not job.future.done():
-                if error is None:
+                if error is None and job.cancelled and results[i] is None:  # dropped; its cancel did not settle it
+                    job.future.set_exception(RuntimeError("the request was cancelled while its batch ran"))
+                elif error is None:
                     job.future.set_result(results[i])
                 else:
                     job.future.set_exception(error)
