@@ -186,7 +186,7 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
     live = LiveRows(B)
     denoise = _LiveDenoiser(first, rng)
 
-    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device) if callback is not None else None
+    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device)
 
     def on_step(s: int, gamma: float, logits: torch.Tensor) -> torch.Tensor | None:
         if trajectory is None and callback is None:
