@@ -346,6 +346,8 @@ def markdown(result: dict, *, command: str, model_desc: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random DSL model, d=64, 2 layers)")
+    ap.add_argument("--d-model", type=int, default=64, help="width of the built random model (without --model)")
+    ap.add_argument("--layers", type=int, default=2, help="layers of the built random model (without --model)")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client")
     ap.add_argument("--max-batch", type=int, default=8)
@@ -362,10 +364,10 @@ def main() -> int:
                     help="run the interleaved single-client / N-client comparison over this many rounds instead")
     a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
+        path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", d_model=a.d_model, n_layers=a.layers)
         model, tok = load_model(path), load_tokenizer(path)
-        desc = (a.model_desc or f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
-                f"of {len(tok)} tokens)")
+        desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "
+                f"{a.layers} layers, toy vocabulary of {len(tok)} tokens)")
         if a.rounds is not None:
             result = run_rounds(model, tok, rounds=a.rounds, clients=a.clients, requests=a.requests,
                                 sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s)
