@@ -44,6 +44,9 @@ from dsl_llada.serve.runner import run_sampler, seeded_generator
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 MAX_REQUESTS = 2000
+KEEP_ALIVE_S = 120
+"""uvicorn's keep-alive for the benchmark's servers: its default (5 s) can close a pooled client connection between
+rounds just as the client reuses it (a reset, counted as a failed request)."""
 PROMPTS = ["write about the ocean .", "describe the forest .", "tell me about the city at night .",
            "write a story about a small fish .", "describe the river near the tall trees .", "hi"]
 
@@ -107,7 +110,7 @@ def run_mode(model, tok, items, *, sampler: str, fields: dict, gen_length: int, 
 
     app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_wait_ms=max_wait_ms,
                      max_queue=MAX_REQUESTS, pad_batches=pad_batches)
-    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -186,7 +189,7 @@ class Server:
         import uvicorn
 
         app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_queue=MAX_REQUESTS)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:
@@ -360,12 +363,18 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the startup objects to the garbage collector (`dsl-llada serve` freezes them)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="run the interleaved single-client / N-client comparison over this many rounds instead")
     a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", d_model=a.d_model, n_layers=a.layers)
         model, tok = load_model(path), load_tokenizer(path)
+        if not a.no_gc_freeze:
+            from dsl_llada.serve.serve_cli import freeze_startup_objects
+
+            freeze_startup_objects()  # as `dsl-llada serve` does once the model is loaded
         desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "
                 f"{a.layers} layers, toy vocabulary of {len(tok)} tokens)")
         if a.rounds is not None:

@@ -169,3 +169,17 @@ def test_after_a_batch_the_worker_lingers_for_its_clients(monkeypatch, linger):
         assert batches == [[1], [10, 11, 12, 2]] and waits == 1
     else:
         assert batches == [[1], [10, 11, 12], [2]]
+
+
+def test_serve_freezes_the_startup_objects_out_of_the_collector():
+    import gc
+
+    from dsl_llada.serve.serve_cli import freeze_startup_objects
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 1000  # every object alive now (this test session's modules at least)
+    finally:
+        gc.unfreeze()
