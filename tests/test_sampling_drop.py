@@ -125,3 +125,24 @@ def test_drop_names_a_row_of_the_batch():
         StepInfo(step=0, total_steps=1, tokens=torch.zeros(2, 3)).drop(0)
     info.drop(2)
     assert info.dropping == {2}
+
+
+@pytest.mark.parametrize("case", ["sde", "block-sde", "remask"])
+def test_trajectories_keep_the_original_rows(model, case):
+    config, at = CASES[case]
+
+    def traj(drop: bool):
+        batch = PromptBatch.from_lists(PROMPTS, pad_id=model.special.pad_id)
+        gens = [torch.Generator().manual_seed(s) for s in SEEDS]
+
+        def callback(info: StepInfo) -> None:
+            if drop and not info.decode and info.step == at:
+                info.drop(1)
+
+        return sample(model, batch, config, generator=gens, callback=callback, return_trajectory=True).trajectory
+
+    ref, got = traj(False), traj(True)
+    assert len(got) == len(ref) and all(t.shape == (3, config.gen_length) for t in got)
+    for k, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a[[0, 2]], b[[0, 2]])
+        assert torch.equal(a[1], b[1]) if k <= at else bool(a[1].eq(MASK).all())
