@@ -44,6 +44,9 @@ from dsl_llada.serve.runner import run_sampler, seeded_generator
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 MAX_REQUESTS = 2000
+KEEP_ALIVE_S = 120
+"""uvicorn's keep-alive for the benchmark's servers: its default (5 s) can close a pooled client connection between
+rounds just as the client reuses it (a reset, counted as a failed request)."""
 PROMPTS = ["write about the ocean .", "describe the forest .", "tell me about the city at night .",
            "write a story about a small fish .", "describe the river near the tall trees .", "hi"]
 
@@ -107,7 +110,7 @@ def run_mode(model, tok, items, *, sampler: str, fields: dict, gen_length: int, 
 
     app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_wait_ms=max_wait_ms,
                      max_queue=MAX_REQUESTS, pad_batches=pad_batches)
-    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -186,7 +189,7 @@ class Server:
         import uvicorn
 
         app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_queue=MAX_REQUESTS)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:
@@ -198,9 +201,13 @@ class Server:
                                     timeout=timeout_s)
 
     def ask(self, prompt: str, seed: int, gen_length: int, fields: dict) -> str:
+        return self.ask_batch(prompt, seed, gen_length, fields)[0]
+
+    def ask_batch(self, prompt: str, seed: int, gen_length: int, fields: dict) -> tuple[str, int]:
+        """(text, the size of the batch the request ran in)."""
         r = self.client.chat.completions.create(model="bench", messages=[{"role": "user", "content": prompt}],
                                                 max_tokens=gen_length, seed=seed, extra_body=fields)
-        return r.choices[0].message.content
+        return r.choices[0].message.content, (r.model_extra or {}).get("dsl_llada", {}).get("batch_sizes", [0])[0]
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -209,7 +216,11 @@ class Server:
 
 def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int = 2, sampler: str = "sde",
                steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0) -> dict:
-    """The interleaved comparison of the module docstring; every output is also checked against the library."""
+    """The interleaved comparison of the module docstring; every output is also checked against the library.
+
+    Each round also times the sampler itself (`run_sampler`, no server) on one request at batch 1 and on a batch of
+    `clients` rows: N x t(1) / t(N) is what batching can gain at most (the *ceiling* of the throughput ratio: no
+    server policy can beat the sampler's own batched speed-up)."""
     if rounds < 1 or clients * requests > MAX_REQUESTS:
         raise ValueError(f"rounds={rounds} must be >= 1 and clients x requests <= {MAX_REQUESTS}")
     fields = {"sampler": sampler, **({"nfe": steps} if sampler in ("sde", "block-sde") else {"steps": steps})}
@@ -223,10 +234,16 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
                           [seeded_generator(seed)])
         return tok.decode(res.responses()[0], skip_special_tokens=True)
 
+    def sampler_alone(seed: int, rows: int) -> None:
+        ids = encode_prompt(tok, prompt)
+        run_sampler(model, sampler, config, PromptBatch.from_lists([ids] * rows, pad_id=model.special.pad_id),
+                    [seeded_generator(seed + j) for j in range(rows)])
+
     batched = Server(model, tok, max_batch=clients, timeout_s=timeout_s)
     single = Server(model, tok, max_batch=1, timeout_s=timeout_s)
-    times: dict[str, list[float]] = {"generate": [], "server, 1 client": [], "batched, N clients": [],
-                                     "--max-batch 1, N clients": []}
+    times: dict[str, list[float]] = {"generate": [], "server, 1 client": [], "sampler, batch 1": [],
+                                     "sampler, batch N": [], "batched, N clients": [], "--max-batch 1, N clients": []}
+    batch_sizes: list[int] = []
     mismatches = 0
     try:
         for r in range(rounds):
@@ -238,16 +255,22 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
             got = batched.ask(prompt, seed, gen_length, fields)
             times["server, 1 client"].append(time.perf_counter() - t0)
             mismatches += got != want
+            for label, rows in (("sampler, batch 1", 1), ("sampler, batch N", clients)):
+                t0 = time.perf_counter()
+                sampler_alone(seed, rows)
+                times[label].append(time.perf_counter() - t0)
             for label, srv in (("batched, N clients", batched), ("--max-batch 1, N clients", single)):
                 seeds = [[seed + 1 + c * requests + k for k in range(requests)] for c in range(clients)]
 
                 def one(client_seeds, srv=srv):
-                    return [srv.ask(prompt, s, gen_length, fields) for s in client_seeds]
+                    return [srv.ask_batch(prompt, s, gen_length, fields)[1] for s in client_seeds]
 
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(clients) as pool:
-                    list(pool.map(one, seeds))
+                    sizes = [b for client in pool.map(one, seeds) for b in client]
                 times[label].append(time.perf_counter() - t0)
+                if srv is batched:
+                    batch_sizes += sizes
     finally:
         batched.close()
         single.close()
@@ -257,12 +280,16 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
 
     lat_ratio = [s / g for s, g in zip(times["server, 1 client"], times["generate"])]
     tput_ratio = [m / b for b, m in zip(times["batched, N clients"], times["--max-batch 1, N clients"])]
+    ceiling = [clients * one / many for one, many in zip(times["sampler, batch 1"], times["sampler, batch N"])]
     return {"rounds": rounds, "clients": clients, "requests_per_client": requests, "sampler": sampler, "steps": steps,
             "gen_length": gen_length, "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
             "latency_ratio": {"median": round(med(lat_ratio), 4), "min": round(min(lat_ratio), 4),
                               "max": round(max(lat_ratio), 4)},
             "throughput_ratio": {"median": round(med(tput_ratio), 3), "min": round(min(tput_ratio), 3),
                                  "max": round(max(tput_ratio), 3)},
+            "sampler_ceiling": {"median": round(med(ceiling), 3), "min": round(min(ceiling), 3),
+                                "max": round(max(ceiling), 3)},
+            "mean_batch": round(statistics.mean(batch_sizes), 2) if batch_sizes else 0.0,
             "single_client_equal_to_library": f"{rounds - mismatches}/{rounds}"}
 
 
@@ -275,19 +302,23 @@ def markdown_rounds(result: dict, *, command: str, model_desc: str) -> str:
                  f"({time.strftime('%Y-%m-%d')})", "", f"Command: `{command}`", "",
              f"Model: {model_desc}; sampler {result['sampler']}, {result['steps']} NFE/steps, "
              f"{result['gen_length']} tokens; {result['rounds']} interleaved rounds (each round: `generate` path, one "
-             f"request to the server, {n} requests from {result['clients']} concurrent clients to the batching server "
-             f"(--max-batch {result['clients']}, no batch wait), the same to a `--max-batch 1` server); server and "
+             f"request to the server, the sampler alone at batch 1 and at batch {result['clients']}, {n} requests from "
+             f"{result['clients']} concurrent clients to the batching server (--max-batch {result['clients']}, no "
+             f"batch wait), the same to a `--max-batch 1` server); server and "
              f"clients in one process, {torch.get_num_threads()} torch thread(s), load average "
              f"{os.getloadavg()[0]:.1f} at the end (**a shared machine: the ratios measured within "
              f"each round are the figures to trust**).", "",
              "| variant | median s | min s | max s |", "|---|---|---|---|"]
     for k, v in result["seconds"].items():
         lines.append(f"| {k} | {statistics.median(v):.4f} | {min(v):.4f} | {max(v):.4f} |")
-    lr, tr = result["latency_ratio"], result["throughput_ratio"]
+    lr, tr, ce = result["latency_ratio"], result["throughput_ratio"], result["sampler_ceiling"]
     lines += ["", f"Single-client latency / `generate`: **{lr['median']:.3f}x** (range {lr['min']:.3f}–{lr['max']:.3f}; "
                   f"target within 1.05x); throughput batched / `--max-batch 1` at {result['clients']} clients: "
-                  f"**{tr['median']:.2f}x** (range {tr['min']:.2f}–{tr['max']:.2f}; target >= 2.5x). Single-client "
-                  f"outputs equal to the library: {result['single_client_equal_to_library']}.", "",
+                  f"**{tr['median']:.2f}x** (range {tr['min']:.2f}–{tr['max']:.2f}; target >= 2.5x; mean batch "
+                  f"{result['mean_batch']:g}). The sampler's own batch-{result['clients']} speed-up (N x t(batch 1) / "
+                  f"t(batch N), the ceiling of that ratio): **{ce['median']:.2f}x** (range {ce['min']:.2f}–"
+                  f"{ce['max']:.2f}). Single-client outputs equal to the library: "
+                  f"{result['single_client_equal_to_library']}.", "",
               "<details><summary>environment record</summary>", "", "```json",
               json.dumps(env, indent=1, sort_keys=True, default=str), "```", "", "</details>", ""]
     return "\n".join(lines)
@@ -318,6 +349,8 @@ def markdown(result: dict, *, command: str, model_desc: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random DSL model, d=64, 2 layers)")
+    ap.add_argument("--d-model", type=int, default=64, help="width of the built random model (without --model)")
+    ap.add_argument("--layers", type=int, default=2, help="layers of the built random model (without --model)")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client")
     ap.add_argument("--max-batch", type=int, default=8)
@@ -330,14 +363,20 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the startup objects to the garbage collector (`dsl-llada serve` freezes them)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="run the interleaved single-client / N-client comparison over this many rounds instead")
     a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny")
+        path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", d_model=a.d_model, n_layers=a.layers)
         model, tok = load_model(path), load_tokenizer(path)
-        desc = (a.model_desc or f"`{path}`" if a.model else "tiny random DSL model (LLaDA-shaped, d=64, 2 layers, toy vocabulary "
-                f"of {len(tok)} tokens)")
+        if not a.no_gc_freeze:
+            from dsl_llada.serve.serve_cli import freeze_startup_objects
+
+            freeze_startup_objects()  # as `dsl-llada serve` does once the model is loaded
+        desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "
+                f"{a.layers} layers, toy vocabulary of {len(tok)} tokens)")
         if a.rounds is not None:
             result = run_rounds(model, tok, rounds=a.rounds, clients=a.clients, requests=a.requests,
                                 sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s)

@@ -73,6 +73,33 @@ def perturb_converter(model: DSLModel, seed: int = 1, scale: float = 0.05) -> DS
     return model
 
 
+class BatchLog:
+    """Wraps the model's backbone (a subclass of its own class) so every forward records its batch size."""
+
+    def __init__(self, model):
+        self.sizes: list[int] = []
+        log = self.sizes
+        base = type(model.backbone)
+
+        class Recording(base):  # type: ignore[misc, valid-type]
+            def forward(self, x, *args, **kwargs):
+                log.append(x.shape[0])
+                return super().forward(x, *args, **kwargs)
+
+            def forward_cached(self, x, *args, **kwargs):
+                log.append(x.shape[0])
+                return super().forward_cached(x, *args, **kwargs)
+
+        self.model, self.base = model, base
+        model.backbone.__class__ = Recording
+
+    def __enter__(self) -> "BatchLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.backbone.__class__ = self.base
+
+
 # `python -m` entry points run the CLI when imported; they are the only modules `package_modules` leaves out.
 ENTRY_POINTS = {"dsl_llada.__main__", "dsl_llada.train.__main__"}
 

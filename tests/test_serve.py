@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from helpers import BatchLog
 from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.cli import main
@@ -310,7 +311,7 @@ def test_disconnect_mid_stream_frees_the_slot_and_spares_the_batch(tiny):
     svc = app.state.service
     # discrete remasking: long enough to leave mid-run, and free of the SDE's sensitivity to batched-matmul rounding
     body = {"max_tokens": 40, "sampler": "remask", "steps": 40, "temperature": 0.5, "stream": True}
-    with uvicorn_server(app) as (base, _):
+    with BatchLog(model) as forwards, uvicorn_server(app) as (base, _):
         got_first = threading.Event()
 
         def quitter():
@@ -333,6 +334,11 @@ def test_disconnect_mid_stream_frees_the_slot_and_spares_the_batch(tiny):
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if isinstance(e, dict) and e["choices"])
         assert text == library_text(model, tok, PROMPTS[1], "remask", RemaskConfig(steps=40, gen_length=40, temperature=0.5), 2)
         assert svc.metrics.cancelled == 1 and svc.metrics.batch_sizes.count == 1 and svc.metrics.batch_sizes.sum == 2
+        # the quitter's row left the batch; the stayer's stream went on with its own row's step events
+        served = forwards.sizes[:40]  # (then the library's reference run above, at batch 1)
+        assert served[0] == 2 and served[-1] == 1 and served == sorted(served, reverse=True)
+        steps = [e["dsl_llada"]["denoising"] for e in ev if isinstance(e, dict) and "denoising" in e.get("dsl_llada", {})]
+        assert [st["step"] for st in steps] == list(range(1, 41)) and all(steps[-1]["committed"])
         r = httpx.post(f"{base}/v1/chat/completions", json=chat("hi", max_tokens=4, nfe=2), timeout=60)
         assert r.status_code == 200 and svc.batcher.queue_length == 0
 

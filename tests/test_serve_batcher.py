@@ -102,3 +102,84 @@ def test_step_events_reach_only_live_streams():
 def test_bad_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
         Batcher(lambda jobs: [], **kw)
+
+
+def _client_loop(b, key, seeds, delay_s=0.0):
+    """A client sending its jobs one after another (the next one `delay_s` after the previous answer)."""
+    async def go():
+        out = []
+        for s in seeds:
+            job = Job(key=key, prompt_ids=[1], seed=s)
+            b.submit([job])
+            out.append(await job.future)
+            await asyncio.sleep(delay_s)
+        return out
+    return go()
+
+
+def test_a_lone_client_never_lingers():
+    batches = []
+
+    def run_batch(jobs):
+        batches.append([j.seed for j in jobs])
+        return [j.seed for j in jobs]
+
+    async def main():
+        b = Batcher(run_batch, max_batch=4, max_wait_ms=0, max_queue=8)
+        await b.start()
+        out = await _client_loop(b, "k", [1, 2, 3])
+        await b.close()
+        return out, b.linger_waits
+
+    out, waits = run(main())
+    assert out == [1, 2, 3] and batches == [[1], [2], [3]] and waits == 0
+
+
+@pytest.mark.parametrize("linger", [True, False])
+def test_after_a_batch_the_worker_lingers_for_its_clients(monkeypatch, linger):
+    """Client A's request runs alone while B, C, D queue; A sends its next request 5 ms after its answer. With the
+    linger, A's second request joins B, C, D (bound: 5 % of the next batch's estimated 4 x 0.2 s); without it (bound
+    0), the worker starts B, C, D at once and A runs alone again."""
+    import dsl_llada.serve.batcher as batcher_mod
+
+    if not linger:
+        monkeypatch.setattr(batcher_mod, "LINGER_MAX_S", 0.0)
+    batches = []
+    started = threading.Event()
+
+    def run_batch(jobs):
+        batches.append([j.seed for j in jobs])
+        started.set()
+        threading.Event().wait(0.2)
+        return [j.seed for j in jobs]
+
+    async def main():
+        b = Batcher(run_batch, max_batch=4, max_wait_ms=0, max_queue=8)
+        await b.start()
+        first = asyncio.ensure_future(_client_loop(b, "k", [1, 2], delay_s=0.005))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
+        others = [Job(key="k", prompt_ids=[1], seed=s) for s in (10, 11, 12)]
+        b.submit(others)
+        await asyncio.gather(first, *(j.future for j in others))
+        await b.close()
+        return b.linger_waits
+
+    waits = run(main())
+    if linger:
+        assert batches == [[1], [10, 11, 12, 2]] and waits == 1
+    else:
+        assert batches == [[1], [10, 11, 12], [2]]
+
+
+def test_serve_freezes_the_startup_objects_out_of_the_collector():
+    import gc
+
+    from dsl_llada.serve.serve_cli import freeze_startup_objects
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 1000  # every object alive now (this test session's modules at least)
+    finally:
+        gc.unfreeze()

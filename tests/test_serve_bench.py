@@ -52,9 +52,12 @@ def test_interleaved_rounds(tmp_path):
     result = bench.run_rounds(model, tok, rounds=2, clients=3, requests=1, sampler="remask", steps=4, gen_length=8)
     assert result["single_client_equal_to_library"] == "2/2"
     assert {k: len(v) for k, v in result["seconds"].items()} == {
-        "generate": 2, "server, 1 client": 2, "batched, N clients": 2, "--max-batch 1, N clients": 2}
+        "generate": 2, "server, 1 client": 2, "sampler, batch 1": 2, "sampler, batch N": 2, "batched, N clients": 2,
+        "--max-batch 1, N clients": 2}
+    assert 1 <= result["mean_batch"] <= 3 and result["sampler_ceiling"]["min"] > 0
     assert result["latency_ratio"]["min"] <= result["latency_ratio"]["median"] <= result["latency_ratio"]["max"]
     text = bench.markdown_rounds(result, command="python benchmarks/bench_serve.py --rounds 2", model_desc="tiny")
     assert "Single-client latency / `generate`" in text and '"load_average_start"' in text
+    assert "the ceiling of that ratio" in text
     with pytest.raises(ValueError, match="rounds=0"):
         bench.run_rounds(model, tok, rounds=0)

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from helpers import BatchLog
 from serve_helpers import free_port, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig
@@ -172,7 +173,7 @@ def test_a_non_streaming_client_that_leaves_is_cancelled_and_its_neighbour_is_un
                      limits=Limits.for_model(64, 1, max_steps=100_000))
     svc = app.state.service
     body = {"max_tokens": 40, "sampler": "remask", "steps": 4000, "temperature": 0.5}
-    with uvicorn_server(app) as (base, _), ThreadPoolExecutor(2) as pool:
+    with BatchLog(model) as forwards, uvicorn_server(app) as (base, _), ThreadPoolExecutor(2) as pool:
         def quitter():
             with pytest.raises(httpx.TimeoutException):
                 httpx.post(f"{base}/v1/chat/completions", json=chat(PROMPT, seed=1, **body), timeout=1.5)
@@ -181,6 +182,9 @@ def test_a_non_streaming_client_that_leaves_is_cancelled_and_its_neighbour_is_un
         pool.submit(quitter).result()
         r = stay.result()
     assert r.status_code == 200 and r.json()["dsl_llada"]["batch_sizes"] == [2]
+    # the quitter's row left the running batch: the model ran at batch 2, then at batch 1 to the end
+    sizes = forwards.sizes
+    assert len(sizes) == 4000 and sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True)
     assert r.json()["choices"][0]["message"]["content"] == library_text(
         model, tok, PROMPT, "remask", RemaskConfig(steps=4000, gen_length=40, temperature=0.5), 2)
     assert svc.metrics.cancelled == 1

@@ -144,3 +144,23 @@ def test_logprobs_follow_the_stop_cut(tiny):
     n = len(cut["logprobs"]["tokens"])
     assert 0 < n < len(full["logprobs"]["tokens"])
     assert cut["logprobs"]["token_logprobs"] == full["logprobs"]["token_logprobs"][:n]
+
+
+def test_recorder_maps_rows_that_remain_after_a_drop():
+    """After row 1 left the batch, the step's tensors hold rows (0, 2): their logprobs land on rows 0 and 2."""
+    from dsl_llada.sampling import StepInfo
+    from dsl_llada.serve.logprobs import LogprobRecorder
+
+    rec = LogprobRecorder(3, 2, 1, mask_id=3)
+    logits = torch.tensor([[[0.0, 1.0, 2.0, 9.0], [2.0, 0.0, 0.0, 9.0]],
+                           [[1.0, 1.0, 1.0, 9.0], [0.0, 3.0, 0.0, 9.0]]])
+    tokens = torch.tensor([[2, 0], [0, 1]])
+    everything = torch.ones(2, 2, dtype=torch.bool)
+    rec(StepInfo(0, 1, tokens, committed=everything, newly_committed=everything, logits=logits, window=(0, 2),
+                 rows=(0, 2)))
+    lp = torch.log_softmax(logits[..., :3].double(), dim=-1)  # [MASK] (id 3) is excluded
+    row0, row2 = rec.row(0, 2, 1), rec.row(2, 2, 1)
+    assert [t.logprob for t in row0] == pytest.approx([lp[0, 0, 2].item(), lp[0, 1, 0].item()])
+    assert [t.logprob for t in row2] == pytest.approx([lp[1, 0, 0].item(), lp[1, 1, 1].item()])
+    assert row0[0].top[0][0] == 2 and row2[1].top[0][0] == 1
+    assert math.isnan(rec.row(1, 2, 0)[0].logprob)  # the dropped row got nothing

@@ -77,6 +77,14 @@ class RowRNG:
             return fn(shape, generator=self.gen, device=gdev, dtype=dtype).to(device)
         return torch.stack([fn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in self.rows]).to(device)
 
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only the rows at positions `keep` (rows left the batch, `StepInfo.drop`). With one generator per row
+        the remaining rows draw exactly what they would have drawn; with one shared generator (or none) the next
+        draws come from one smaller tensor, so they differ from an undropped run's."""
+        if self.rows is not None:
+            self.rows = [self.rows[i] for i in keep]
+        self.batch = len(keep)
+
     def randn(self, shape: tuple[int, ...], device: torch.device | str | None = None,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._draw(torch.randn, shape, device, dtype)
@@ -116,19 +124,43 @@ class StepInfo:
     no row still masks may be zeros); `decode`: the SDE samplers' decode call after the last solver step of the
     response (or of each Block SDE block), not a solver step (`step` repeats the last step's index; callbacks
     counting steps skip it); `extra`: the sampler's own scalars.
+
+    Rows leaving the batch: `rows` gives, for each row of this step's tensors, its index in the batch the sampler
+    was called with (`range(B)` until a row leaves). A callback may call `drop(r, ...)` with such original
+    indices: once every callback of this step has returned, the sampler removes those rows from all of its per-row
+    state (ids or SDE state, prompt masks, generators, key/value caches) and continues with the others, which get
+    exactly the tokens an undropped run gives them when each row has its own generator (`RowRNG`; up to the
+    rounding a smaller batch shape may change in some kernels). Later steps' tensors hold only the remaining rows
+    (`rows` maps them); the output keeps the original rows, the dropped ones listed in `SampleOutput.dropped`. The
+    samplers honour drops at every step and at the SDE samplers' decode calls; a run whose rows are all dropped
+    stops there.
     """
 
     __slots__ = ("step", "total_steps", "_tokens", "gamma", "extra", "time", "committed", "newly_committed",
-                 "logits", "window", "decode")
+                 "logits", "window", "decode", "rows", "dropping")
 
     def __init__(self, step: int, total_steps: int, tokens: torch.Tensor | Callable[[], torch.Tensor],
                  gamma: float | None = None, extra: dict[str, Any] | None = None, *, time: float | None = None,
                  committed: torch.Tensor | None = None, newly_committed: torch.Tensor | None = None,
-                 logits: torch.Tensor | None = None, window: tuple[int, int] | None = None, decode: bool = False):
+                 logits: torch.Tensor | None = None, window: tuple[int, int] | None = None, decode: bool = False,
+                 rows: Sequence[int] | None = None):
         self.step, self.total_steps, self._tokens = step, total_steps, tokens
         self.gamma, self.extra = gamma, {} if extra is None else extra
         self.time, self.committed, self.newly_committed = time, committed, newly_committed
         self.logits, self.window, self.decode = logits, window, decode
+        self.rows: tuple[int, ...] | None = None if rows is None else tuple(rows)
+        """Original batch index of each row of this step's tensors (None: the sampler does not say, no drops)."""
+        self.dropping: set[int] = set()
+        """Original row indices that callbacks asked to drop at this step (`drop`)."""
+
+    def drop(self, *rows: int) -> None:
+        """Ask the sampler to remove these rows (original batch indices, see `rows`) after this step."""
+        if self.rows is None:
+            raise ValueError("this sampler step does not support dropping rows (StepInfo.rows is None)")
+        for r in rows:
+            if r not in self.rows:
+                raise ValueError(f"row {r!r} is not in this step's batch (rows {list(self.rows)})")
+            self.dropping.add(int(r))
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -142,6 +174,43 @@ class StepInfo:
 
 
 StepCallback = Callable[[StepInfo], None]
+
+
+class LiveRows:
+    """The rows of a sampler call that are still in its batch (rows leave through `StepInfo.drop`).
+
+    A sampler passes `rows` to each StepInfo, and after its callbacks calls `after(info)`: None when nothing was
+    dropped, else the positions (in this step's tensors) of the rows that stay, with which it index-selects its
+    per-row state. `expand` puts the final ids of the remaining rows back at their original positions.
+    """
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.rows: list[int] = list(range(batch))
+
+    def after(self, info: StepInfo, device: torch.device | str | None = None) -> torch.Tensor | None:
+        if not info.dropping:
+            return None
+        keep = [i for i, r in enumerate(self.rows) if r not in info.dropping]
+        self.rows = [self.rows[i] for i in keep]
+        return torch.tensor(keep, dtype=torch.long, device=device)
+
+    @property
+    def empty(self) -> bool:
+        return not self.rows
+
+    @property
+    def dropped(self) -> list[int]:
+        alive = set(self.rows)
+        return [r for r in range(self.batch) if r not in alive]
+
+    def expand(self, values: torch.Tensor, fill: int | float) -> torch.Tensor:
+        """(n_alive, ...) -> (batch, ...): the remaining rows at their original positions, `fill` for dropped ones."""
+        if len(self.rows) == self.batch:
+            return values
+        out = torch.full((self.batch, *values.shape[1:]), fill, dtype=values.dtype, device=values.device)
+        out[torch.tensor(self.rows, dtype=torch.long, device=values.device)] = values
+        return out
 
 
 @dataclass
@@ -161,9 +230,12 @@ class SampleOutput:
     """Optional per-step (B, L) token snapshots."""
     config: dict[str, Any] = field(default_factory=dict)
     """The sampler config that produced this output."""
+    dropped: list[int] = field(default_factory=list)
+    """Rows a step callback removed from the batch (`StepInfo.drop`): their `ids` are [MASK] and `lengths` 0
+    (trajectory snapshots hold [MASK] for them after they left)."""
 
     def responses(self) -> list[list[int]]:
-        """Per row, the response ids truncated to `lengths`."""
+        """Per row, the response ids truncated to `lengths` ([] for a dropped row, see `dropped`)."""
         return [row[: int(n)].tolist() for row, n in zip(self.ids, self.lengths)]
 
 

@@ -76,6 +76,16 @@ class Denoiser:
         """The same denoiser (same E, β, counter) around another window (Block SDE: the next block)."""
         return replace(self, context=context, future=future)
 
+    def select_rows(self, keep: torch.Tensor) -> "Denoiser":
+        """The same denoiser for the batch rows at positions `keep` only (rows left the batch, `StepInfo.drop`):
+        context, future and attention mask are index-selected; the key/value cache, shared with the `with_context`
+        copies, is selected in place (so call this once per drop, on the denoiser in use)."""
+        if self.cache is not None:
+            self.cache.select_rows(keep)
+        mask = None if self.attention_mask is None else self.attention_mask[keep]
+        future = None if self.future is None else self.future[keep]
+        return replace(self, context=self.context[keep], attention_mask=mask, future=future)
+
     @property
     def forward_passes(self) -> int:
         """Backbone forwards executed so far through this denoiser and its `with_context` copies."""

@@ -52,6 +52,12 @@ class WindowKVCache:
         self.lo, self.hi = lo, hi
         self._cache, self._calls = None, 0
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep the cached keys/values of the batch rows at positions `keep` only (rows left the batch)."""
+        if self._cache is not None:
+            c = self._cache
+            self._cache = KVCache([k[keep] for k in c.keys], [v[keep] for v in c.values], c.length)
+
     def __call__(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  positions: Positions = None) -> torch.Tensor:
         emb = self.embed(x) if self.embed is not None else x

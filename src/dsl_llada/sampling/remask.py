@@ -27,8 +27,8 @@ from ..backbones.base import Backbone, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
 from ..numerics import denormals_flushed_during
-from .common import (ForwardCounter, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
-                     stop_lengths)
+from .common import (ForwardCounter, LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo,
+                     check_prompt_fits, stop_lengths)
 from .kv_cache import WindowKVCache
 from .observers import with_progress
 from .positions import block_logits
@@ -97,7 +97,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     `callback(StepInfo)` after every step: `tokens` are the committed response tokens ([MASK] where none yet),
     `committed` / `newly_committed` the positions holding / just given a token, `logits` the block's guided logits
     the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block,
-    block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,).
+    block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,). A callback may drop rows
+    (`StepInfo.drop`): they leave the batch after that step (the output lists them in `dropped`).
     """
     config = config or RemaskConfig()
     callback = with_progress(callback, progress, "remask")
@@ -121,6 +122,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     n_suppress = suppressed_steps(config.eos_suppress_ratio, S_b)
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
+    live = LiveRows(B)
 
     for step in range(config.steps):
         k_blk, i = divmod(step, S_b)
@@ -146,26 +148,37 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
                          mask_id=mask_id, rng=rng)
         x[:, lo:hi] = st.tokens
 
-        if trajectory is not None:
-            trajectory.append(x[:, P:].to("cpu", copy=True))  # .cpu() of a CPU tensor would alias x
+        if trajectory is not None:  # .cpu() of a CPU tensor would alias x
+            trajectory.append(live.expand(x[:, P:].to("cpu", copy=True), mask_id))
         if callback is not None:
             newly = torch.zeros((B, L), dtype=torch.bool, device=device)
             newly[:, lo - P:hi - P] = st.committed
-            callback(StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
+            info = StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
                 "block": k_blk, "block_step": i, "t": st.t, "in_loop": st.in_loop,
                 "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
                 "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()},
                 time=_diffusion_time(step + 1, config.steps), committed=x[:, P:] != mask_id, newly_committed=newly,
-                logits=logits, window=(lo - P, hi - P)))
+                logits=logits, window=(lo - P, hi - P), rows=live.rows)
+            callback(info)
+            keep = live.after(info, device)
+            if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
+                x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
+                attn = None if attn is None else attn[keep]
+                rng.select(keep.tolist())
+                if cache is not None:
+                    cache.select_rows(keep)
+                B = x.shape[0]
+                if B == 0:
+                    break
 
     ids = x[:, P:]
     if config.truncate_at_eos:
         lengths = stop_lengths(ids, special.stop_ids())
     else:
         lengths = torch.full((B,), L, dtype=torch.long, device=device)
-    return SampleOutput(ids=ids.to("cpu", copy=True), lengths=lengths.cpu(), nfe=config.steps,
-                        forward_passes=forward.count, trajectory=trajectory,
-                        config={"sampler": config.sampler_name, **config.to_dict()})
+    return SampleOutput(ids=live.expand(ids.to("cpu", copy=True), mask_id), lengths=live.expand(lengths.cpu(), 0),
+                        nfe=config.steps, forward_passes=forward.count, trajectory=trajectory,
+                        config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped)
 
 
 @torch.no_grad()

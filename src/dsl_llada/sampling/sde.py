@@ -25,7 +25,8 @@ from ..model import DSLModel
 from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
 from ..utils import progress as progress_bar
-from .common import PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits, stop_lengths
+from .common import (LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
+                     stop_lengths)
 from .denoiser import Denoiser
 from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
 from .observers import with_progress
@@ -40,16 +41,18 @@ def inference_beta(model: DSLModel, config: SDEConfig) -> float:
 
 
 def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: float, predictor_noise: bool,
-               rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], None] | None = None,
+               rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], torch.Tensor | None] | None = None,
                check_first: Callable[[torch.Tensor], None] | None = None,
                check_state: Callable[[torch.Tensor], None] | None = None,
                show_progress: bool = False, desc: str = "SDE") -> torch.Tensor:
     """Integrate dy/dgamma = (ê - y)/gamma over `grid` with stochastic Heun steps; returns the final y.
 
     `denoise(y, gamma)` returns (ê, logits) for the response positions. `on_step(s, gamma_next, logits)` sees the
-    corrector's logits after each step. `check_first(logits)` sees the run's first forward pass (at the initial
-    state: no setting has acted yet, so broken logits there mean broken weights) and `check_state(y)` each step's
-    new state before `on_step` (a state the settings drove out of float32 is named as such).
+    corrector's logits after each step; when it returns an index tensor, only those rows of y go on (rows left the
+    batch: `on_step` has selected the same rows of `denoise` and `rng`), and an empty one ends the solve.
+    `check_first(logits)` sees the run's first forward pass (at the initial state: no setting has acted yet, so
+    broken logits there mean broken weights) and `check_state(y)` each step's new state before `on_step` (a state
+    the settings drove out of float32 is named as such).
     """
     steps = len(grid) - 1
     for s in progress_bar(range(steps), total=steps, desc=desc, enabled=show_progress):
@@ -69,7 +72,11 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
         if check_state is not None:
             check_state(y)
         if on_step is not None:
-            on_step(s, g1, logits)
+            keep = on_step(s, g1, logits)
+            if keep is not None:
+                y = y[keep]
+                if y.shape[0] == 0:
+                    break
     return y
 
 
@@ -137,6 +144,28 @@ def _unit_init(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> tor
     return F.normalize(rng.randn(shape, device=device), dim=-1)
 
 
+class _LiveDenoiser:
+    """The Denoiser of a run whose rows may leave the batch: calls (and attribute reads) go to `current`, which
+    `drop` replaces by its `select_rows` copy together with the generators' rows."""
+
+    def __init__(self, denoiser: Denoiser, rng: RowRNG):
+        self.current, self.rng = denoiser, rng
+
+    def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.current(y, gamma)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.current, name)
+
+    def drop(self, live: LiveRows, info: StepInfo) -> torch.Tensor | None:
+        """After the callbacks saw `info`: select the remaining rows (None when no row was dropped)."""
+        keep = live.after(info, self.current.context.device)
+        if keep is not None:
+            self.rng.select(keep.tolist())
+            self.current = self.current.select_rows(keep)
+        return keep
+
+
 @torch.no_grad()
 @denormals_flushed_during
 def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None = None, *,
@@ -150,36 +179,49 @@ def sample_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig | None =
         return sample_block_sde(model, prompts, config, generator=generator, callback=callback, progress=progress,
                                 return_trajectory=return_trajectory)
     callback = with_progress(callback, progress, "SDE")
-    prompts, rng, grid, denoise = _prepare(model, prompts, config, generator)
+    prompts, rng, grid, first = _prepare(model, prompts, config, generator)
     L, B = config.gen_length, prompts.batch_size
     mask_id = model.special.mask
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
+    live = LiveRows(B)
+    denoise = _LiveDenoiser(first, rng)
 
-    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device) if callback is not None else None
+    none = torch.zeros((B, L), dtype=torch.bool, device=prompts.ids.device)
 
-    def on_step(s: int, gamma: float, logits: torch.Tensor) -> None:
+    def on_step(s: int, gamma: float, logits: torch.Tensor) -> torch.Tensor | None:
         if trajectory is None and callback is None:
-            return
+            return None
         tokens: torch.Tensor | None = None
         if trajectory is not None:
             tokens = decode_argmax(logits, mask_id)
-            trajectory.append(tokens.cpu())
-        if callback is not None:
-            lazy = tokens if tokens is not None else (lambda: decode_argmax(logits, mask_id))
-            callback(StepInfo(step=s, total_steps=config.steps, tokens=lazy, gamma=gamma, committed=none,
-                              logits=logits, window=(0, L)))
+            trajectory.append(live.expand(tokens.cpu(), mask_id))
+        if callback is None:
+            return None
+        lazy = tokens if tokens is not None else (lambda: decode_argmax(logits, mask_id))
+        info = StepInfo(step=s, total_steps=config.steps, tokens=lazy, gamma=gamma, committed=none[: logits.shape[0]],
+                        logits=logits, window=(0, L), rows=live.rows)
+        callback(info)
+        return denoise.drop(live, info)
 
-    y0 = _unit_init(rng, (B, L, model.noise_dim), denoise.context.device)
+    y0 = _unit_init(rng, (B, L, model.noise_dim), first.context.device)
     checks = _checks(model, config)
     y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                    on_step=on_step, check_first=checks["check_first"], check_state=checks["check_state"])
-    ids, final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
-    if callback is not None:
-        everything = torch.ones((B, L), dtype=torch.bool, device=ids.device)
-        callback(StepInfo(step=config.steps - 1, total_steps=config.steps, tokens=ids, gamma=float(grid[-1]),
-                          committed=everything, newly_committed=everything, logits=final_logits, window=(0, L),
-                          decode=True))
-    return _finish(model, ids, config, nfe=2 * config.steps, forwards=denoise.forward_passes, trajectory=trajectory)
+    if live.empty:  # every row was dropped: no decode
+        ids = torch.full((0, L), mask_id, dtype=torch.long, device=y.device)
+    else:
+        ids, final_logits = _decode_final(denoise.current, y, float(grid[-1]), mask_id, config, model)
+    if callback is not None and not live.empty:
+        everything = torch.ones(tuple(ids.shape), dtype=torch.bool, device=ids.device)
+        info = StepInfo(step=config.steps - 1, total_steps=config.steps, tokens=ids, gamma=float(grid[-1]),
+                        committed=everything, newly_committed=everything, logits=final_logits, window=(0, L),
+                        decode=True, rows=live.rows)
+        callback(info)
+        keep = denoise.drop(live, info)
+        if keep is not None:
+            ids = ids[keep]
+    return _finish(model, ids, config, nfe=2 * config.steps, forwards=first.forward_passes, trajectory=trajectory,
+                   live=live)
 
 
 @torch.no_grad()
@@ -193,21 +235,34 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
     Forward passes = (L / B) (2S + 1)."""
     callback = with_progress(callback, progress, "block SDE")
     prompts, rng, grid, first = _prepare(model, prompts, config, generator)
-    L, Bsz, blk = config.gen_length, prompts.batch_size, config.block_length
+    L, blk = config.gen_length, config.block_length
     mask_id = model.special.mask
-    response = torch.full((Bsz, L), mask_id, dtype=torch.long, device=prompts.ids.device)
+    prompt_ids = prompts.ids
+    response = torch.full((prompts.batch_size, L), mask_id, dtype=torch.long, device=prompt_ids.device)
     n_blocks = L // blk
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     checks = _checks(model, config)
+    live = LiveRows(prompts.batch_size)
+
+    def drop(denoise: _LiveDenoiser, info: StepInfo) -> torch.Tensor | None:
+        nonlocal response, prompt_ids
+        keep = denoise.drop(live, info)
+        if keep is not None:
+            response, prompt_ids = response[keep], prompt_ids[keep]
+        return keep
+
     for k in range(n_blocks):
+        if live.empty:
+            break
         lo, hi = k * blk, (k + 1) * blk
         # committed blocks are clean context, future blocks the converter's [MASK] slot (paper §3, Block SDE)
-        denoise = first.with_context(model.context_embed(torch.cat([prompts.ids, response[:, :lo]], dim=1)),
-                                     future=model.mask_embed(response[:, hi:]))
+        denoise = _LiveDenoiser(first.with_context(model.context_embed(torch.cat([prompt_ids, response[:, :lo]], dim=1)),
+                                                   future=model.mask_embed(response[:, hi:])), rng)
 
-        def on_step(s: int, gamma: float, logits: torch.Tensor, k: int = k, lo: int = lo, hi: int = hi) -> None:
+        def on_step(s: int, gamma: float, logits: torch.Tensor, k: int = k, lo: int = lo, hi: int = hi,
+                    denoise: _LiveDenoiser = denoise) -> torch.Tensor | None:
             if trajectory is None and callback is None:
-                return
+                return None
 
             def current() -> torch.Tensor:
                 tokens = response.clone()
@@ -217,26 +272,36 @@ def sample_block_sde(model: DSLModel, prompts: PromptBatch, config: SDEConfig, *
             tokens: torch.Tensor | None = None
             if trajectory is not None:
                 tokens = current()
-                trajectory.append(tokens.cpu())
-            if callback is not None:
-                callback(StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps,
-                                  tokens=tokens if tokens is not None else current,
-                                  gamma=gamma, extra={"block": k}, committed=_prefix_mask(Bsz, L, lo, response.device),
-                                  logits=logits, window=(lo, hi)))
+                trajectory.append(live.expand(tokens.cpu(), mask_id))
+            if callback is None:
+                return None
+            info = StepInfo(step=k * config.steps + s, total_steps=n_blocks * config.steps,
+                            tokens=tokens if tokens is not None else current, gamma=gamma, extra={"block": k},
+                            committed=_prefix_mask(len(live.rows), L, lo, response.device), logits=logits,
+                            window=(lo, hi), rows=live.rows)
+            callback(info)
+            return drop(denoise, info)
 
-        y0 = _unit_init(rng, (Bsz, blk, model.noise_dim), denoise.context.device)
+        y0 = _unit_init(rng, (len(live.rows), blk, model.noise_dim), prompt_ids.device)
         y = heun_solve(denoise, y0, grid, eta=config.resolved_eta(), predictor_noise=config.predictor_noise, rng=rng,
                        on_step=on_step, check_state=checks["check_state"],
                        check_first=checks["check_first"] if k == 0 else None)
-        response[:, lo:hi], final_logits = _decode_final(denoise, y, float(grid[-1]), mask_id, config, model)
+        if live.empty:
+            break
+        response[:, lo:hi], final_logits = _decode_final(denoise.current, y, float(grid[-1]), mask_id, config, model)
         if callback is not None:
-            newly = _prefix_mask(Bsz, L, hi, response.device) & ~_prefix_mask(Bsz, L, lo, response.device)
-            callback(StepInfo(step=(k + 1) * config.steps - 1, total_steps=n_blocks * config.steps,
-                              tokens=response.clone(), gamma=float(grid[-1]), extra={"block": k},
-                              committed=_prefix_mask(Bsz, L, hi, response.device), newly_committed=newly,
-                              logits=final_logits, window=(lo, hi), decode=True))
+            n = len(live.rows)
+            newly = _prefix_mask(n, L, hi, response.device) & ~_prefix_mask(n, L, lo, response.device)
+            info = StepInfo(step=(k + 1) * config.steps - 1, total_steps=n_blocks * config.steps,
+                            tokens=response.clone(), gamma=float(grid[-1]), extra={"block": k},
+                            committed=_prefix_mask(n, L, hi, response.device), newly_committed=newly,
+                            logits=final_logits, window=(lo, hi), decode=True, rows=live.rows)
+            callback(info)
+            drop(denoise, info)
+        first = denoise.current  # the remaining rows' attention mask (context and future are rebuilt per block)
     nfe = n_blocks * 2 * config.steps
-    return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory)
+    return _finish(model, response, config, nfe=nfe, forwards=first.forward_passes, trajectory=trajectory,
+                   live=live)
 
 
 def _prefix_mask(rows: int, length: int, upto: int, device: torch.device) -> torch.Tensor:
@@ -245,10 +310,12 @@ def _prefix_mask(rows: int, length: int, upto: int, device: torch.device) -> tor
 
 
 def _finish(model: DSLModel, ids: torch.Tensor, config: SDEConfig, *, nfe: int, forwards: int,
-            trajectory: list[torch.Tensor] | None) -> SampleOutput:
+            trajectory: list[torch.Tensor] | None, live: LiveRows) -> SampleOutput:
+    """The output over the original rows (`live.dropped` ones: [MASK] ids, length 0)."""
     if config.truncate_at_eos:
         lengths = stop_lengths(ids, model.special.stop_ids())
     else:
         lengths = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=ids.device)
-    return SampleOutput(ids=ids.cpu(), lengths=lengths.cpu(), nfe=nfe, forward_passes=forwards,
-                        trajectory=trajectory, config={"sampler": config.sampler_name, **config.to_dict()})
+    return SampleOutput(ids=live.expand(ids.cpu(), model.special.mask), lengths=live.expand(lengths.cpu(), 0), nfe=nfe,
+                        forward_passes=forwards, trajectory=trajectory,
+                        config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped)

@@ -2,12 +2,18 @@
 
 A bounded FIFO of pending jobs; one worker task takes the oldest job together with up to `max_batch - 1` queued jobs
 with the same key and runs them on a single sampler thread. By default (`max_wait_ms=0`) it never waits: a lone
-request starts at once, and requests that arrive while a batch runs form the next batch. Each job carries its own
-seed, so its tokens do not depend on its batch (the samplers draw from one generator per row).
+request starts at once, and requests that arrive while a batch runs form the next batch. One adaptive exception,
+the *linger*: when a batch has just finished and fewer compatible jobs are queued than that batch's live jobs plus
+those that waited during it, the clients it answered are likely to send their next request within milliseconds, so
+the worker waits for them, at most `LINGER_FRACTION` of the next batch's estimated run time (capped at
+`LINGER_MAX_S`); a lone client never waits (its own next request is all that batch expects). Without it, 16
+clients looping on a server drift into alternating batches of 1 and 15. Each job carries its own seed, so its tokens
+do not depend on its batch (the samplers draw from one generator per row).
 
 Cancellation: a job whose client left or whose deadline passed is marked; the runner's step callback sees the mark
-at the next step, answers that job at once and keeps computing its neighbours (their tokens are unchanged: their
-rows have their own generators); a batch with no live job left stops at that step (`BatchAbandoned`).
+at the next step, answers that job at once and removes its row from the running batch (`StepInfo.drop`); its
+neighbours go on with the tokens they would have had (their rows have their own generators), and a batch with no
+live job left stops at that step. `run_batch` returns None for a dropped job.
 `last_progress` is the monotonic time of the worker's last step, read by /health.
 """
 
@@ -26,6 +32,11 @@ log = logging.getLogger(__name__)
 
 STUCK_WAIT_S = 5.0
 """After the shutdown grace period and cancelling, how long close() waits for the running batch's next step."""
+
+LINGER_FRACTION = 0.05
+"""The linger's bound, relative to the estimated run time of the batch it waits to fill."""
+LINGER_MAX_S = 0.05
+"""The linger's absolute bound in seconds."""
 
 DONE = object()
 """Put on a job's event queue after its final result (or error) is set."""
@@ -55,10 +66,6 @@ class NeverFits(ValueError):
 
 class RequestTimeout(RuntimeError):
     """The job passed its deadline (HTTP 504)."""
-
-
-class BatchAbandoned(RuntimeError):
-    """Raised inside a running batch when none of its jobs has a live client left: the sampler stops at that step."""
 
 
 @dataclass(eq=False)
@@ -127,6 +134,10 @@ class Batcher:
         """True when close() had to leave a sampler thread that made no step (the process should exit hard)."""
         self.last_progress = time.monotonic()
         """Monotonic time of the worker's last step or batch start/end (what /health reports)."""
+        self._linger: tuple[Hashable, int, float] | None = None
+        """After a batch: (its key, how many compatible jobs the next batch expects, monotonic time to stop waiting)."""
+        self.linger_waits = 0
+        """How many times the worker lingered (waited for the clients of the batch that had just finished)."""
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -191,8 +202,8 @@ class Batcher:
 
     def cancel(self, job: Job, error: BaseException | None = None) -> None:
         """The client is gone (or the server closes): drop a waiting job from the queue; a running one stops
-        receiving events, its row's result is discarded and its batch stops once no live job is left (the rest of
-        its batch is not touched). `error`: what the job's request gets (None = it is cancelled)."""
+        receiving events and its row leaves the batch at the next step (the rest of its batch is not touched; a
+        batch with no live job left stops). `error`: what the job's request gets (None = it is cancelled)."""
         job.cancelled = True
         try:
             self.pending.remove(job)
@@ -224,6 +235,7 @@ class Batcher:
                 await self._wake.wait()
                 continue
             head = self.pending[0]
+            await self._linger_for(head.key)
             deadline = head.enqueued_at + self.max_wait
             while len(self._compatible(head.key)) < self.max_batch and not self.closing and head in self.pending:
                 remaining = deadline - time.monotonic()
@@ -242,6 +254,35 @@ class Batcher:
                 self.pending.remove(job)
             await self._run(batch)
 
+    async def _linger_for(self, key: Hashable) -> None:
+        """Right after a batch of `key`: wait (bounded) until the jobs that batch expects are back (module doc)."""
+        linger, self._linger = self._linger, None
+        if linger is None or linger[0] != key:
+            return
+        assert self._wake is not None
+        _, want, until = linger
+        if len(self._compatible(key)) < want and not self.closing:
+            self.linger_waits += 1
+        while len(self._compatible(key)) < want and not self.closing:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _expect_after(self, batch: list[Job], seconds: float) -> None:
+        """Set the linger after `batch` (which ran `seconds`): its live jobs' clients and the jobs queued meanwhile."""
+        live = sum(not j.cancelled for j in batch)
+        want = min(self.max_batch, live + len(self._compatible(batch[0].key)))
+        if live == 0 or want <= len(self._compatible(batch[0].key)):
+            self._linger = None
+            return
+        estimate = seconds / len(batch) * want  # run time of the next batch, from this one's per-row time
+        self._linger = (batch[0].key, want, time.monotonic() + min(LINGER_MAX_S, LINGER_FRACTION * estimate))
+
     async def _run(self, batch: list[Job]) -> None:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
@@ -255,9 +296,6 @@ class Batcher:
             results = await loop.run_in_executor(self._executor, self.run_batch, batch)
             if len(results) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} jobs")
-        except BatchAbandoned as e:  # every job was cancelled: nobody waits for the rest of this batch
-            log.info("batch of %d stopped early: no live request left", len(batch))
-            error = e
         except Exception as e:  # one failing batch fails its own requests only; the worker keeps serving
             log.exception("batch of %d failed", len(batch))
             error = e
@@ -266,11 +304,15 @@ class Batcher:
             self.last_progress = time.monotonic()
         for i, job in enumerate(batch):
             if job.future is not None and not job.future.done():
-                if error is None:
+                if error is None and job.cancelled and results[i] is None:  # dropped; its cancel did not settle it
+                    job.future.set_exception(RuntimeError("the request was cancelled while its batch ran"))
+                elif error is None:
                     job.future.set_result(results[i])
                 else:
                     job.future.set_exception(error)
             if job.events is not None and not job.cancelled:
                 job.events.put_nowait((job.index, DONE))
+        if error is None:
+            self._expect_after(batch, time.monotonic() - now)
         if self.on_batch is not None:
             self.on_batch(batch, time.monotonic() - now, error)

@@ -28,10 +28,11 @@ class TokenLogprob:
 
 class LogprobRecorder:
     """Step callback recording, per row and response position, the log-probability of the token committed there
-    and the `top` most likely alternatives (0 = the token's own only)."""
+    and the `top` most likely alternatives (0 = the token's own only), over the `batch` rows of the sampler call
+    (mapped through `StepInfo.rows` once rows have left the batch)."""
 
-    def __init__(self, gen_length: int, top: int, mask_id: int):
-        self.L, self.k, self.mask_id = gen_length, min(int(top), MAX_TOP_LOGPROBS), mask_id
+    def __init__(self, batch: int, gen_length: int, top: int, mask_id: int):
+        self.B, self.L, self.k, self.mask_id = batch, gen_length, min(int(top), MAX_TOP_LOGPROBS), mask_id
         self.chosen: torch.Tensor | None = None
         self.top_ids: torch.Tensor | None = None
         self.top_lps: torch.Tensor | None = None
@@ -43,7 +44,7 @@ class LogprobRecorder:
         fresh = info.newly_committed[:, lo:hi]
         if not bool(fresh.any()):
             return
-        B = fresh.shape[0]
+        B = self.B
         if self.chosen is None:
             self.chosen = torch.full((B, self.L), float("nan"), dtype=torch.float64)
             self.top_ids = torch.zeros((B, self.L, self.k), dtype=torch.long)
@@ -54,6 +55,8 @@ class LogprobRecorder:
         lp = torch.log_softmax(logits, dim=-1)
         tokens = info.tokens[rows, cols + lo]
         r, c = rows.cpu(), (cols + lo).cpu()
+        if info.rows is not None:  # this step's rows -> the call's original rows
+            r = torch.tensor(info.rows, dtype=torch.long)[r]
         self.chosen[r, c] = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
         if self.k:
             vals, ids = lp.topk(self.k, dim=-1)

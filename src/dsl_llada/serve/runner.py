@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,8 +16,10 @@ from ..sampling import PromptBatch, SampleOutput, StepInfo
 from ..sampling.dispatch import sample
 from ..sampling.guards import FiniteLogitsGuard
 from ..sampling.observers import chain_callbacks
-from .batcher import BatchAbandoned, Job, RequestTimeout
+from .batcher import Job, RequestTimeout
 from .logprobs import LogprobRecorder, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 
 def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
@@ -83,9 +86,10 @@ def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
 class BatchRunner:
     """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length]).
 
-    Its step callback (the samplers' observer protocol) checks the NaN guard, reports progress, drops jobs that
-    were cancelled or passed their deadline (their neighbours keep computing), streams step events and records
-    logprobs when a job asked for them."""
+    Its step callback (the samplers' observer protocol) checks the NaN guard, reports progress, removes the rows
+    of jobs that were cancelled or passed their deadline from the running batch (`StepInfo.drop`: the sampler
+    continues with the others, which keep their tokens; with no row left it stops), streams step events and records
+    logprobs when a job asked for them. The results of dropped jobs are None."""
 
     def __init__(self, model, tokenizer, progress: Callable[[], None] | None = None):
         self.model, self.tokenizer = model, tokenizer
@@ -94,37 +98,46 @@ class BatchRunner:
         self.device = model_device(model)
         self.progress = progress
 
-    def __call__(self, jobs: Sequence[Job]) -> list[JobResult]:
+    def __call__(self, jobs: Sequence[Job]) -> list[JobResult | None]:
         name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
         prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
         gens = [seeded_generator(j.seed) for j in jobs]
         top = max((j.top_logprobs for j in jobs if j.top_logprobs is not None), default=None)
-        recorder = LogprobRecorder(config.gen_length, top, self.mask_id) if top is not None else None
+        recorder = LogprobRecorder(len(jobs), config.gen_length, top, self.mask_id) if top is not None else None
 
         def on_step(info: StepInfo) -> None:
             if self.progress is not None:
                 self.progress()
             now = time.monotonic()
-            live = 0
-            for job in jobs:
+            rows = info.rows if info.rows is not None else range(len(jobs))
+            for job_index in rows:
+                job = jobs[job_index]
                 if not job.cancelled and job.expired(now):
                     job.fail_threadsafe(RequestTimeout(f"the request passed its deadline of {job.timeout_s:g}s "
                                                        f"(--request-timeout-s) and was cancelled"))
-                live += not job.cancelled
-            if live == 0:
-                raise BatchAbandoned("no live request left in this batch")
+            gone = [r for r in rows if jobs[r].cancelled]
+            if gone:  # these rows leave the batch after this step; their neighbours go on unchanged
+                info.drop(*gone)
             if recorder is not None:
                 recorder(info)
             if info.decode:
                 return  # the SDE's decode call is not a step of the stream
-            for row, job in enumerate(jobs):
+            for row, job_index in enumerate(rows):
+                job = jobs[job_index]
                 if job.events is not None and not job.cancelled:
                     job.emit(step_event(info, row, self.tokenizer))
 
         with torch.no_grad():
             out = run_sampler(self.model, name, config, prompts, gens, chain_callbacks(FiniteLogitsGuard(), on_step))
-        results = []
+        if out.dropped:
+            log.info("%d of %d rows left their batch before it ended (cancelled or past their deadline)",
+                     len(out.dropped), len(jobs))
+        results: list[JobResult | None] = []
+        dropped = set(out.dropped)
         for row, (job, ids) in enumerate(zip(jobs, out.responses())):
+            if row in dropped:
+                results.append(None)
+                continue
             lp = recorder.row(row, len(ids), job.top_logprobs, ids) if recorder is not None and job.top_logprobs is not None \
                 else None
             results.append(JobResult(ids=ids, gen_length=config.gen_length, nfe=out.nfe,

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..loading import encode_messages, encode_prompt
 from ..model import DSLModel
-from .batcher import BatchAbandoned, Batcher, Job
+from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
@@ -83,7 +83,7 @@ class Service:
                 and not j.future.cancelled() and j.future.exception() is None]
         self.metrics.batch_done(len(jobs), seconds, sum(len(r.ids) for r in done),
                                 done[0].forward_passes if done else 0,
-                                error is not None and not isinstance(error, BatchAbandoned))
+                                error is not None)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): 503 when a batch runs and the worker has made no step for longer than the longest
