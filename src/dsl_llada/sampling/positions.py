@@ -29,7 +29,7 @@ class LogitsBuffer:
     Copy-on-keep: a step callback may keep the logits it was shown (the `StepInfo`, the tensor, any view or a
     numpy array of it). Before reusing the buffer, `view` checks that no tensor besides the buffer itself still
     shares its storage; if one does, the kept values are left alone and a fresh buffer is allocated for this and
-    later steps, so nothing a callback keeps is ever overwritten (tests/test_sampling_discrete.py). The sampler
+    later steps, so nothing a callback keeps is ever overwritten (tests/test_logits_buffer.py). The sampler
     must drop its own views of the previous step before the next `view` (else every step allocates, which is
     still correct, only slower). On a torch that cannot count a storage's users, every step allocates.
     """
