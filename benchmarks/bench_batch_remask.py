@@ -1,11 +1,16 @@
-"""Remasking at batch 8 vs batch 1 per sample, before/after the row-chunked logsumexp of the remasking step.
+"""Remasking at batch 8 vs batch 1 per sample, before/after the reused logits buffer and the one-sweep reductions.
 
-Issue 21 item 3: on CPU, batch 8 cost more per sample than batch 1 for remasking (profiled: the step's whole-tensor
-logsumexp over (8, W, V) fp32 logits, whose ~67 MB temporaries the allocator maps fresh, page-faulting, every step).
-`remask_step.row_logsumexp` does it over row chunks of <= 8 MiB, bit for bit the same values. This script times the
-old whole-tensor call ("before", put back by patching the module) against the new one ("after"), interleaved per
-round, on the small LLaDA-shaped model of bench_dtype.py at 2 layers (prompt 64 + response 64, 16 steps, fp32 and
-bf16), wall and process CPU time per sample, and checks the tokens are identical.
+Issue 21 item 3: on CPU, batch 8 cost more per sample than batch 1 for remasking. Profiled causes, all from the
+(8, W, V) fp32 block logits (67 MB at W 64, V 32k) being allocated fresh every step, above the allocator's mmap
+threshold, so every step maps new pages and page-faults: the step's whole-tensor logsumexp (fixed first, by
+`remask_step.row_logsumexp` over row chunks), then `positions.block_logits`' fresh zeros + scatter + bf16 -> fp32
+copy, and two whole-tensor passes (argmax, logsumexp) over logits far larger than the cache. Now the block logits
+go into one `positions.LogitsBuffer` reused across steps (copy-on-keep for callbacks), written column run by
+column run, and the greedy step's argmax and logsumexp run in one sweep over cache-sized row chunks
+(`remask_step.row_argmax_logsumexp`). This script times main's previous path ("before": a fresh tensor per step,
+two whole-tensor reductions, put back by patching the modules) against the current one ("after"), interleaved
+per round, on the small LLaDA-shaped model of bench_dtype.py at 2 layers (prompt 64 + response 64, 16 steps,
+fp32 and bf16), wall and process CPU time per sample, and checks the tokens are identical.
 
 Usage:  python benchmarks/bench_batch_remask.py --rounds 3 --json OUT.json [--threads 1]
 """
@@ -40,10 +45,16 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results and the environment record here")
     a = parse_args(ap)  # --threads: default the usable CPUs (the run in docs used --threads 1)
     rs = importlib.import_module("dsl_llada.sampling.remask_step")
-    new_fn = rs.row_logsumexp
+    rm = importlib.import_module("dsl_llada.sampling.remask")
+    new_fns = (rm.block_logits, rs.row_argmax_logsumexp)
 
-    def old_fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.logsumexp(x, dim=-1)
+    def fresh_block_logits(*args, **kw):  # main before this change: a fresh (B, W, V) tensor every step
+        return new_fns[0](*args, **{**kw, "buffer": None})
+
+    def two_passes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # argmax, then the chunked logsumexp
+        return x.argmax(dim=-1), rs.row_logsumexp(x)
+
+    old_fns = (fresh_block_logits, two_passes)
 
     models = {n: bd.build("small", dt, 2)[0] for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     res: dict[str, list] = {}
@@ -63,11 +74,11 @@ def main() -> None:
         for rnd in range(a.rounds):
             for name, m in models.items():
                 for batch, n in ((1, 2), (8, 1)):
-                    for variant, fn in (("before", old_fn), ("after", new_fn)):
-                        rs.row_logsumexp = fn
+                    for variant, fns in (("before", old_fns), ("after", new_fns)):
+                        rm.block_logits, rs.row_argmax_logsumexp = fns
                         key = f"{name} b{batch} {variant}"
                         res.setdefault(key, []).append(run(m, batch, n, key))
-            rs.row_logsumexp = new_fn
+            rm.block_logits, rs.row_argmax_logsumexp = new_fns
             print("round", rnd, os.getloadavg(), flush=True)
     out = {}
     for k, v in res.items():

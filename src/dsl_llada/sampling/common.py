@@ -108,9 +108,12 @@ class StepInfo:
     """What a sampler tells a per-step callback (the one observer protocol: progress, traces, guards, streams).
 
     Everything here is a view of tensors the sampler computed anyway (no copies, no extra model work); a callback
-    must not modify them. `tokens` may be handed over as a zero-argument function: it is then computed on first
-    read only (a guard that reads just the logits costs the SDE samplers no argmax). `logits` covers the response
-    positions `window` = [lo, hi) only.
+    must not modify them. A callback may keep them past its step: the discrete samplers write each step's `logits`
+    into a buffer they reuse at the next step only when nothing else holds it (`positions.LogitsBuffer`,
+    copy-on-keep), so kept logits are never overwritten; keeping them costs the run a fresh buffer per kept step.
+    `tokens` may be handed over as a zero-argument function: it is then computed on first read only (a guard that
+    reads just the logits costs the SDE samplers no argmax). `logits` covers the response positions `window` =
+    [lo, hi) only.
 
     Fields: `step` (0-based; Block SDE counts over all blocks) and `total_steps`; `tokens` (B, L): the current best
     token per response position (committed tokens, [MASK] elsewhere, for the discrete samplers; the argmax for the

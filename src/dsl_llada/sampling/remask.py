@@ -31,7 +31,7 @@ from .common import (ForwardCounter, LiveRows, PromptBatch, RowRNG, SampleOutput
                      check_prompt_fits, stop_lengths)
 from .kv_cache import WindowKVCache
 from .observers import with_progress
-from .positions import block_logits
+from .positions import LogitsBuffer, block_logits
 from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
     live = LiveRows(B)
+    buffers = (LogitsBuffer(), LogitsBuffer())  # conditional, unconditional (CFG) block logits
 
     for step in range(config.steps):
         k_blk, i = divmod(step, S_b)
@@ -134,12 +135,16 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
 
         # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
         # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
-        logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm)
+        # Written into buffers reused across steps (no fresh page-faulting (B, W, V) tensor per step; a callback
+        # keeping a step's logits makes the buffer allocate anew, see positions.LogitsBuffer).
+        logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[0])
         if config.cfg_scale > 0:
             un_x = x.clone()
             un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm)
-            logits = un + (config.cfg_scale + 1.0) * (logits - un)
+            un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[1])
+            # un + (s + 1) (logits - un), in place and bit for bit the same (each op is the same rounding)
+            logits.sub_(un).mul_(config.cfg_scale + 1.0).add_(un)
+            del un
         logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
         for tok in banned_ids(config, special, i, n_suppress):
             logits[..., tok] = NEG_INF
@@ -161,6 +166,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
                 logits=logits, window=(lo - P, hi - P), rows=live.rows)
             callback(info)
             keep = live.after(info, device)
+            del info
             if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
                 x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
                 attn = None if attn is None else attn[keep]
@@ -170,6 +176,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
                 B = x.shape[0]
                 if B == 0:
                     break
+        del logits  # the buffers' next view finds them unshared unless a callback kept this step's logits
 
     ids = x[:, P:]
     if config.truncate_at_eos:
