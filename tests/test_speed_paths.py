@@ -315,3 +315,36 @@ def test_workspace_reuses_its_buffer_and_the_converter_output_is_unchanged():
         for gamma in (0.01, 7.0, 74.0):
             z = gamma * torch.randn(2, 7, 16, generator=gen(2))
             assert torch.equal(model.converter(z, E, 2.0, workspace=ws), model.converter(z, E, 2.0))
+
+
+@pytest.mark.parametrize("layout", ["released", "paper"])
+def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
+    """From SLOT_ALIGN_MIN_ROWS rows the inference slot buffer's rows are padded to a multiple of SLOT_ALIGN floats
+    (-inf logits, probability 0): every value of π and h equals the unpadded computation's bit for bit."""
+    from dsl_llada.converter import SLOT_ALIGN, SLOT_ALIGN_MIN_ROWS, aligned_slots
+    from dsl_llada.numerics import Workspace
+
+    model = perturb_converter(tiny_dsl(layout=layout))
+    conv, E = model.converter, model.unit_noise()
+    n_slots = E.shape[0] + 1
+    assert n_slots % SLOT_ALIGN and aligned_slots(n_slots, SLOT_ALIGN_MIN_ROWS) % SLOT_ALIGN == 0
+    assert aligned_slots(n_slots, SLOT_ALIGN_MIN_ROWS - 1) == n_slots
+    if layout == "paper":
+        with torch.no_grad():
+            conv.mask_key.copy_(torch.randn(conv.mask_key.shape, generator=gen(5)))
+    W, c = conv.backbone_embedding.weight, conv.backbone_embedding.bias
+    K = torch.cat([E, (conv.mask_key if layout == "paper" else torch.zeros(E.shape[1]))[None]]).detach()
+    ws = Workspace()
+    with torch.no_grad():
+        for rows in (SLOT_ALIGN_MIN_ROWS, 40, 128):
+            for gamma in (0.01, 7.0, 74.0):
+                z = gamma * torch.randn(rows, E.shape[1], generator=gen(rows))
+                logits = torch.addmm(conv.logit_bias, z, K.T, alpha=2.0)  # the unpadded computation
+                pi = torch.softmax(logits, -1)
+                h_ref = torch.addmm(c, pi, W.T) if c is not None else pi @ W.T
+                assert torch.equal(conv.slot_logits(z, E, torch.tensor(2.0)), logits)
+                assert torch.equal(conv(z, E, 2.0, workspace=ws), h_ref)
+                assert torch.equal(conv(z, E, 2.0), h_ref)
+                buf = ws.get("converter.slots", (rows, aligned_slots(n_slots, rows)), torch.float32, z.device)
+                assert buf.stride(0) % SLOT_ALIGN == 0 and buf.shape[1] > n_slots
+                assert torch.equal(buf[:, :n_slots], pi) and (buf[:, n_slots:] == 0).all()
