@@ -348,3 +348,63 @@ def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
                 buf = ws.get("converter.slots", (rows, aligned_slots(n_slots, rows)), torch.float32, z.device)
                 assert buf.stride(0) % SLOT_ALIGN == 0 and buf.shape[1] > n_slots
                 assert torch.equal(buf[:, :n_slots], pi) and (buf[:, n_slots:] == 0).all()
+
+
+@pytest.mark.parametrize("n", [8192, 8195])
+def test_candidate_positions_equal_nonzero(n):
+    from dsl_llada.converter import _positions_at_least
+
+    x = _rows(11, 5, n, 1.0)
+    t = x.quantile(0.97, dim=-1, keepdim=True)
+    assert torch.equal(_positions_at_least(x, t), (x >= t).view(-1).nonzero().squeeze(1))
+
+
+def test_top_m_values_group_threshold_needs_no_full_topk(monkeypatch):
+    """Peaked rows (every row's top m spread over the vocabulary) are served from the candidates: torch.topk runs on
+    the group maxima and the candidate block only, never on a whole row, and the result is topk's."""
+    from dsl_llada import converter
+
+    calls = []
+    real = torch.Tensor.topk
+
+    def counting(self, k, *a, **kw):
+        calls.append(tuple(self.shape))
+        return real(self, k, *a, **kw)
+
+    x = _rows(12, 6, 32768, 3.0)
+    ref = real(x, 512, dim=-1)
+    monkeypatch.setattr(torch.Tensor, "topk", counting)
+    v, i = converter.top_m_values(x, 512)
+    assert calls[0] == (6, 1024) and (6, 32768) not in calls  # 1024 groups of 32: their maxima, then the candidates
+    assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
+
+
+def _sparse_reference(conv, pi: torch.Tensor, tol: float) -> torch.Tensor:
+    """The sparse converter's values without the max-probability pre-filter: every row counted."""
+    import torch.nn.functional as F
+    from dsl_llada.converter import SPARSE_MAX_FRACTION
+
+    lin = conv.backbone_embedding
+    keep = pi >= tol / pi.shape[-1]
+    counts = keep.sum(-1)
+    sparse = counts <= max(1, pi.shape[-1] // SPARSE_MAX_FRACTION)
+    h = F.linear(pi, lin.weight, lin.bias)
+    for i in sparse.nonzero().squeeze(1).tolist():
+        col = keep[i].nonzero().squeeze(1)
+        w = pi[i, col]
+        w = w / torch.zeros(1).index_add_(0, torch.zeros_like(col), w)
+        h[i] = F.embedding_bag(col, lin.weight.T.contiguous(), torch.tensor([0]), mode="sum",
+                               per_sample_weights=w)[0] + lin.bias
+    return h
+
+
+@pytest.mark.parametrize("mix", ["flat", "peaked", "mixed"])
+def test_sparse_prefilter_changes_no_value(mix):
+    """Rows whose largest probability rules out a sparse row skip the count; every row's h is unchanged."""
+    model = perturb_converter(tiny_dsl(vocab=4000))
+    conv = model.converter
+    scale = {"flat": torch.full((12, 1), 0.5), "peaked": torch.full((12, 1), 40.0),
+             "mixed": torch.tensor([0.5, 40.0, 8.0, 200.0] * 3)[:, None]}[mix]
+    pi = torch.softmax(scale * torch.randn(12, 4001, generator=gen(3)), -1)
+    with torch.no_grad():
+        assert torch.equal(conv._sparse_values(pi, 1e-6), _sparse_reference(conv, pi, 1e-6))
