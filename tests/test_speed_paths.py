@@ -359,9 +359,10 @@ def test_candidate_positions_equal_nonzero(n):
     assert torch.equal(_positions_at_least(x, t), (x >= t).view(-1).nonzero().squeeze(1))
 
 
-def test_top_m_values_group_threshold_needs_no_full_topk(monkeypatch):
-    """Peaked rows (every row's top m spread over the vocabulary) are served from the candidates: torch.topk runs on
-    the group maxima and the candidate block only, never on a whole row, and the result is topk's."""
+def test_top_m_values_needs_no_full_topk_and_keeps_the_candidate_order(monkeypatch):
+    """Peaked rows are served from the candidates: torch.topk runs on the strided sample and the candidate block
+    only, never on a whole row, and the result is topk's; the candidate block is the one `nonzero` gives (its order
+    decides how exactly tied values are ordered, so it must not change)."""
     from dsl_llada import converter
 
     calls = []
@@ -375,8 +376,12 @@ def test_top_m_values_group_threshold_needs_no_full_topk(monkeypatch):
     ref = real(x, 512, dim=-1)
     monkeypatch.setattr(torch.Tensor, "topk", counting)
     v, i = converter.top_m_values(x, 512)
-    assert calls[0] == (6, 1024) and (6, 32768) not in calls  # 1024 groups of 32: their maxima, then the candidates
-    assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
+    assert calls[0] == (6, 32768 // converter.TOP_M_STRIDE) and (6, 32768) not in calls
+    assert torch.equal(v, ref.values) and torch.equal(x.gather(1, i), v)  # (this x has one exact tie)
+    assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(i, ref.indices))
+    xb = x.bfloat16().float()  # bf16 logits: many exact ties
+    t = xb[:, ::converter.TOP_M_STRIDE].topk(96, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    assert torch.equal(converter._positions_at_least(xb, t), (xb >= t).view(-1).nonzero().squeeze(1))
 
 
 def _sparse_reference(conv, pi: torch.Tensor, tol: float) -> torch.Tensor:
