@@ -350,19 +350,9 @@ def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
                 assert torch.equal(buf[:, :n_slots], pi) and (buf[:, n_slots:] == 0).all()
 
 
-@pytest.mark.parametrize("n", [8192, 8195])
-def test_candidate_positions_equal_nonzero(n):
-    from dsl_llada.converter import _positions_at_least
-
-    x = _rows(11, 5, n, 1.0)
-    t = x.quantile(0.97, dim=-1, keepdim=True)
-    assert torch.equal(_positions_at_least(x, t), (x >= t).view(-1).nonzero().squeeze(1))
-
-
-def test_top_m_values_needs_no_full_topk_and_keeps_the_candidate_order(monkeypatch):
+def test_top_m_values_needs_no_full_topk(monkeypatch):
     """Peaked rows are served from the candidates: torch.topk runs on the strided sample and the candidate block
-    only, never on a whole row, and the result is topk's; the candidate block is the one `nonzero` gives (its order
-    decides how exactly tied values are ordered, so it must not change)."""
+    only, never on a whole row, and the result is topk's."""
     from dsl_llada import converter
 
     calls = []
@@ -379,9 +369,6 @@ def test_top_m_values_needs_no_full_topk_and_keeps_the_candidate_order(monkeypat
     assert calls[0] == (6, 32768 // converter.TOP_M_STRIDE) and (6, 32768) not in calls
     assert torch.equal(v, ref.values) and torch.equal(x.gather(1, i), v)  # (this x has one exact tie)
     assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(i, ref.indices))
-    xb = x.bfloat16().float()  # bf16 logits: many exact ties
-    t = xb[:, ::converter.TOP_M_STRIDE].topk(96, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    assert torch.equal(converter._positions_at_least(xb, t), (xb >= t).view(-1).nonzero().squeeze(1))
 
 
 def _sparse_reference(conv, pi: torch.Tensor, tol: float) -> torch.Tensor:

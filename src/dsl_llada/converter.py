@@ -304,19 +304,6 @@ TOP_M_STRIDE = 8
 """`top_m_values` estimates its threshold from every TOP_M_STRIDE-th logit of a row."""
 
 
-def _positions_at_least(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """The flat row-major positions (ascending) of the entries of a contiguous 2-D x with x >= t (t: (rows, 1)).
-
-    `nonzero` over the whole boolean mask costs more than the comparison itself; read as int64 words (8 entries
-    each) the mask has 8x fewer elements to scan, and only the few words holding a candidate are expanded."""
-    mask = (x >= t).view(-1)
-    if mask.numel() % 8:
-        return mask.nonzero().squeeze(1)
-    words = mask.view(torch.int64).nonzero().squeeze(1)
-    pos = (words[:, None] * 8 + torch.arange(8, device=x.device)).view(-1)
-    return pos[mask.index_select(0, pos)]
-
-
 def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x.topk(m, dim=-1)` of a 2-D tensor (values in descending order, and the same tokens except for the order of
     exactly tied values), found with less work when a row is much longer than m (CPU; the output head's V = 32k-126k
@@ -325,9 +312,8 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     A threshold t per row is the (1.5 m / s)-th largest of a strided sample (every s-th value, s = TOP_M_STRIDE), so
     typically ~1.5 m values of the row are >= t; when every row has at least m of them (checked, not assumed), the
     top m of the row are among them, and one `topk` over these candidates gives exactly the row's top m. Otherwise
-    (an unlucky sample, NaNs, flat rows) it is `topk` over the whole row. The candidates' positions come from
-    `_positions_at_least` (the same positions as `nonzero`, faster). Measured at 128 x 32,768, M = 512 on the 2-core
-    CPU, 1 thread: see docs/benchmarks.md (about 18 ms for `topk`'s 30 before the faster positions).
+    (an unlucky sample, NaNs, flat rows) it is `topk` over the whole row. Measured at 128 x 32,768, M = 512 on the
+    2-core CPU, 1 thread: about 18 ms instead of `topk`'s 30 (docs/benchmarks.md).
 
     The candidate array (which positions, in which order) decides the order that `topk` gives exactly tied values,
     and that order the summation order of the posterior mean: with bf16 logits ties are common, so the candidates
@@ -336,10 +322,9 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     k_sub = -(-3 * m // (2 * TOP_M_STRIDE))
     if x.device.type != "cpu" or n < 16 * m or rows == 0:
         return x.topk(m, dim=-1)
-    x = x.contiguous()
     t = x[:, ::TOP_M_STRIDE].topk(k_sub, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     # candidates as flat row-major positions: 1-D gathers and scatters (2-D advanced indexing costs ~70 ns/element)
-    flat = _positions_at_least(x, t)
+    flat = (x >= t).view(-1).nonzero().squeeze(1)
     r = torch.div(flat, n, rounding_mode="floor")
     counts = torch.bincount(r, minlength=rows)
     width = int(counts.max())
