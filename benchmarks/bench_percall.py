@@ -120,6 +120,10 @@ def measure(reps: int, tolerance: float) -> dict:
         t0 = time.perf_counter()
         tokens = sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0)).ids
         t_sample = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sparse_tokens = sample_sde(model, pb, sde_cfg.replace(converter_tolerance=tolerance),
+                                   generator=torch.Generator().manual_seed(0)).ids
+        t_sparse_sample = time.perf_counter() - t0
     med = {k: statistics.median(v) for k, v in times.items() if v}
     med["blocks"], med["head"] = t_blocks, t_head
     fl = {"slot": 2 * L * d * n_slots, "values": 2 * L * n_slots * H, "head": 2 * L * H * V,
@@ -128,7 +132,8 @@ def measure(reps: int, tolerance: float) -> dict:
     needed = fl["slot"] + fl["values"] + fl["blocks"] + fl["head"] + fl["posterior"]
     return {"times": med, "flops": fl, "needed_flops": needed, "peak_gflops": peak,
             "ratio": med["call"] / (needed / peak / 1e9), "sparse": sparse, "t_sample": t_sample,
-            "tokens": tokens.tolist(), "environment": run_environment()}
+            "tokens": tokens.tolist(), "t_sparse_sample": t_sparse_sample,
+            "sparse_tokens_changed": int((sparse_tokens != tokens).sum()), "environment": run_environment()}
 
 
 def run_side(src: Path, a: argparse.Namespace) -> dict:
@@ -210,11 +215,13 @@ def write_markdown(r: dict, command: str) -> None:
                            for n, v in ratio.items())
     same = all(b["tokens"] == a_["tokens"] for b, a_ in zip(sides.get("before", after), after))
     sample = "; ".join(f"{n} {statistics.median(run['t_sample'] for run in sides[n]):.2f} s" for n in names)
-    sp = ["| SNR γ | kept slots at tol, mean (max) | exactly non-zero slots, mean (max) | dense πWᵀ ms | sparse ms |",
-          "|---|---|---|---|---|"]
-    for s in after[-1]["sparse"]:
+    before = sides.get("before")
+    sp = ["| SNR γ | kept slots at tol, mean (max) | exactly non-zero slots, mean (max) | dense πWᵀ ms | sparse ms"
+          + (" | sparse ms, before |" if before else " |"), "|---|---|---|---|---|" + ("---|" if before else "")]
+    for i, s in enumerate(after[-1]["sparse"]):
         sp.append(f"| {s['gamma']:.2f} | {s['kept_mean']:.1f} ({s['kept_max']}) | {s['nonzero_mean']:.1f} "
-                  f"({s['nonzero_max']}) | {1e3 * s['t_dense']:.2f} | {1e3 * s['t_sparse']:.2f} |")
+                  f"({s['nonzero_max']}) | {1e3 * s['t_dense']:.2f} | {1e3 * s['t_sparse']:.2f} |"
+                  + (f" {1e3 * before[-1]['sparse'][i]['t_sparse']:.2f} |" if before else ""))
     loads = [run["environment"].get("load_average_start") for n in names for run in sides[n]]
     body = "\n".join([
         f"Command: `{command}`", "",
@@ -227,7 +234,11 @@ def write_markdown(r: dict, command: str) -> None:
         f"Whole call over the FLOP time of its needed work: {ratio_line} (target 1.5×). Seeded NFE-16 SDE sample "
         f"per side: {sample}; tokens before and after: {'identical' if same else 'DIFFERENT'}.", "",
         f"Sparse converter at tolerance {r['tolerance']:g} on the after side "
-        "(`SDEConfig.converter_tolerance`, off by default), at the same states:", "", *sp])
+        "(`SDEConfig.converter_tolerance`, off by default), at the same states:", "", *sp, "",
+        f"Seeded NFE-16 SDE sample with the sparse converter (after side): "
+        f"{statistics.median(run['t_sparse_sample'] for run in after):.2f} s against "
+        f"{statistics.median(run['t_sample'] for run in after):.2f} s dense; tokens changed against dense: "
+        f"{max(run['sparse_tokens_changed'] for run in after)} of {len(after[0]['tokens'][0])}."])
     write_section("One SDE call, part by part: before and after (issue 21 item 2)", body)
 
 
