@@ -115,6 +115,7 @@ def measure(reps: int, tolerance: float) -> dict:
         t_blocks = median_time(lambda: bb(h_in, positions=slice(T, T)), reps)  # no rows: the blocks only
         hidden = torch.randn(1, L, H)
         t_head = median_time(lambda: F.linear(ln_f(hidden), head_w), reps)
+        layouts = head_layouts(ln_f(hidden)[0], head_w, reps)
         import time
 
         t0 = time.perf_counter()
@@ -133,7 +134,32 @@ def measure(reps: int, tolerance: float) -> dict:
     return {"times": med, "flops": fl, "needed_flops": needed, "peak_gflops": peak,
             "ratio": med["call"] / (needed / peak / 1e9), "sparse": sparse, "t_sample": t_sample,
             "tokens": tokens.tolist(), "t_sparse_sample": t_sparse_sample,
-            "sparse_tokens_changed": int((sparse_tokens != tokens).sum()), "environment": run_environment()}
+            "sparse_tokens_changed": int((sparse_tokens != tokens).sum()), "head_layouts": layouts,
+            "environment": run_environment()}
+
+
+def head_layouts(x: torch.Tensor, w: torch.Tensor, reps: int) -> dict[str, dict]:
+    """The output head x Wᵀ (x: (L, H), W: (V, H) as stored) in other layouts: time (s) and bit-equality with
+    `F.linear` (what the backbone runs)."""
+    ref = F.linear(x, w)
+    wt = w.t().contiguous()  # a one-time transposed copy: + the head's size in memory
+    out = torch.empty_like(ref)
+    variants = {"F.linear(x, W), W (V, H) as stored (used)": lambda: F.linear(x, w),
+                "mm(x, Wᵀ) into a reused output": lambda: torch.mm(x, w.T, out=out),
+                "mm(x, Wᵀ contiguous copy)": lambda: torch.mm(x, wt),
+                "W xᵀ, logits transposed (V, L)": lambda: torch.mm(w, x.T)}
+    try:  # MKL's packed-weight GEMM (a private torch op; fp32 only; + the head's size in memory)
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
+        variants["MKL packed weight (torch.ops.mkl._mkl_linear)"] = \
+            lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, x.shape[0])
+    except (AttributeError, RuntimeError):
+        pass
+    res = {}
+    for name, fn in variants.items():
+        o = fn()
+        o = o.T if o.shape != ref.shape else o
+        res[name] = {"t": median_time(fn, reps), "bitwise": bool(torch.equal(o, ref))}
+    return res
 
 
 def run_side(src: Path, a: argparse.Namespace) -> dict:
@@ -238,7 +264,12 @@ def write_markdown(r: dict, command: str) -> None:
         f"Seeded NFE-16 SDE sample with the sparse converter (after side): "
         f"{statistics.median(run['t_sparse_sample'] for run in after):.2f} s against "
         f"{statistics.median(run['t_sample'] for run in after):.2f} s dense; tokens changed against dense: "
-        f"{max(run['sparse_tokens_changed'] for run in after)} of {len(after[0]['tokens'][0])}."])
+        f"{max(run['sparse_tokens_changed'] for run in after)} of {len(after[0]['tokens'][0])}.", "",
+        "Output head layouts (after side, the same 128 × 256 normed rows and the (32,768, 256) head weight):", "",
+        "| layout | ms (min–max over rounds) | bit-identical to `F.linear` |", "|---|---|---|",
+        *[f"| {name} | " + (lambda xs: f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})")(
+            [1e3 * run["head_layouts"][name]["t"] for run in after]) + f" | {'yes' if v['bitwise'] else 'no'} |"
+          for name, v in after[-1]["head_layouts"].items()]])
     write_section("One SDE call, part by part: before and after (issue 21 item 2)", body)
 
 
