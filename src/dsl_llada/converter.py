@@ -209,32 +209,31 @@ class Converter(nn.Module):
         slots for a gather to pay off use the dense product instead (exact for them)."""
         lin = self.backbone_embedding
         n_slots = pi.shape[-1]
-        limit = max(1, n_slots // SPARSE_MAX_FRACTION)
-        # A row keeping at most `limit` slots holds > 1 - tolerance of its mass there, so its largest pi is at least
-        # (1 - tolerance) / limit: rows below half that bound are dense for certain, which spares the (rows, V+1)
-        # comparison and count at low SNR (the flat softmaxes), where no row is sparse.
-        cand = (pi.amax(-1) >= 0.5 * (1 - tolerance) / limit).nonzero().squeeze(1)
-        keep = pi.index_select(0, cand) >= tolerance / n_slots
+        keep = pi >= tolerance / n_slots
         counts = keep.sum(-1)
-        sparse = counts <= limit
-        rows = cand[sparse]
-        if rows.numel() == 0:  # flat softmaxes (low SNR): the dense product
+        sparse = counts <= max(1, n_slots // SPARSE_MAX_FRACTION)
+        n_sparse = int(sparse.sum())
+        if n_sparse == 0:  # flat softmaxes (low SNR): the dense product
             return F.linear(pi.to(lin.weight.dtype), lin.weight, lin.bias)
-        n = counts[sparse]
-        r, col = keep[sparse].nonzero(as_tuple=True)  # row-major: each row's slots are contiguous
-        r = rows[r]
+        if n_sparse == pi.shape[0]:
+            rows = None
+            r, col = keep.nonzero(as_tuple=True)  # row-major: each row's slots are contiguous
+        else:
+            rows = sparse.nonzero().squeeze(1)
+            r, col = keep[rows].nonzero(as_tuple=True)
+            r = rows[r]
         w = pi[r, col]
         kept = torch.zeros(pi.shape[0], dtype=w.dtype, device=w.device).index_add_(0, r, w)
         w = w / kept[r]
+        n = counts if rows is None else counts[rows]
         offsets = torch.cumsum(n, 0) - n
         hs = F.embedding_bag(col, self._values_t(), offsets, mode="sum", per_sample_weights=w.to(lin.weight.dtype))
         if lin.bias is not None:
             hs = hs + lin.bias
-        if rows.numel() == pi.shape[0]:
+        if rows is None:
             return hs
         h = torch.empty(pi.shape[0], lin.out_features, dtype=lin.weight.dtype, device=pi.device)
-        dense = torch.ones(pi.shape[0], dtype=torch.bool, device=pi.device).index_fill_(0, rows, False)
-        dense_rows = dense.nonzero().squeeze(1)
+        dense_rows = (~sparse).nonzero().squeeze(1)
         h[dense_rows] = F.linear(pi[dense_rows].to(lin.weight.dtype), lin.weight, lin.bias)
         h[rows] = hs
         return h
