@@ -180,7 +180,8 @@ class Converter(nn.Module):
             if self._needs_grad(z, E, beta):
                 pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
             else:  # inference: the slot logits and their softmax share one (N, aligned V+1) buffer, reused per run
-                shape = (z.shape[0], aligned_slots(n_slots, z.shape[0]))
+                # aligned rows on CPUs only (measured with MKL; a GPU library may pick another algorithm for N)
+                shape = (z.shape[0], aligned_slots(n_slots, z.shape[0]) if z.device.type == "cpu" else n_slots)
                 buf = torch.empty(shape, dtype=torch.float32, device=z.device) if workspace is None else \
                     workspace.get("converter.slots", shape, torch.float32, z.device)
                 self.slot_logits(z, E, beta, buf)
