@@ -315,3 +315,89 @@ def test_workspace_reuses_its_buffer_and_the_converter_output_is_unchanged():
         for gamma in (0.01, 7.0, 74.0):
             z = gamma * torch.randn(2, 7, 16, generator=gen(2))
             assert torch.equal(model.converter(z, E, 2.0, workspace=ws), model.converter(z, E, 2.0))
+
+
+@pytest.mark.parametrize("layout", ["released", "paper"])
+def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
+    """From SLOT_ALIGN_MIN_ROWS rows the inference slot buffer's rows are padded to a multiple of SLOT_ALIGN floats
+    (-inf logits, probability 0): every value of π and h equals the unpadded computation's bit for bit."""
+    from dsl_llada.converter import SLOT_ALIGN, SLOT_ALIGN_MIN_ROWS, aligned_slots
+    from dsl_llada.numerics import Workspace
+
+    model = perturb_converter(tiny_dsl(layout=layout))
+    conv, E = model.converter, model.unit_noise()
+    n_slots = E.shape[0] + 1
+    assert n_slots % SLOT_ALIGN and aligned_slots(n_slots, SLOT_ALIGN_MIN_ROWS) % SLOT_ALIGN == 0
+    assert aligned_slots(n_slots, SLOT_ALIGN_MIN_ROWS - 1) == n_slots
+    if layout == "paper":
+        with torch.no_grad():
+            conv.mask_key.copy_(torch.randn(conv.mask_key.shape, generator=gen(5)))
+    W, c = conv.backbone_embedding.weight, conv.backbone_embedding.bias
+    K = torch.cat([E, (conv.mask_key if layout == "paper" else torch.zeros(E.shape[1]))[None]]).detach()
+    ws = Workspace()
+    with torch.no_grad():
+        for rows in (SLOT_ALIGN_MIN_ROWS, 40, 128):
+            for gamma in (0.01, 7.0, 74.0):
+                z = gamma * torch.randn(rows, E.shape[1], generator=gen(rows))
+                logits = torch.addmm(conv.logit_bias, z, K.T, alpha=2.0)  # the unpadded computation
+                pi = torch.softmax(logits, -1)
+                h_ref = torch.addmm(c, pi, W.T) if c is not None else pi @ W.T
+                assert torch.equal(conv.slot_logits(z, E, torch.tensor(2.0)), logits)
+                assert torch.equal(conv(z, E, 2.0, workspace=ws), h_ref)
+                assert torch.equal(conv(z, E, 2.0), h_ref)
+                buf = ws.get("converter.slots", (rows, aligned_slots(n_slots, rows)), torch.float32, z.device)
+                assert buf.stride(0) % SLOT_ALIGN == 0 and buf.shape[1] > n_slots
+                assert torch.equal(buf[:, :n_slots], pi) and (buf[:, n_slots:] == 0).all()
+
+
+def test_top_m_values_needs_no_full_topk(monkeypatch):
+    """Peaked rows are served from the candidates: torch.topk runs on the strided sample and the candidate block
+    only, never on a whole row, and the result is topk's."""
+    from dsl_llada import converter
+
+    calls = []
+    real = torch.Tensor.topk
+
+    def counting(self, k, *a, **kw):
+        calls.append(tuple(self.shape))
+        return real(self, k, *a, **kw)
+
+    x = _rows(12, 6, 32768, 3.0)
+    ref = real(x, 512, dim=-1)
+    monkeypatch.setattr(torch.Tensor, "topk", counting)
+    v, i = converter.top_m_values(x, 512)
+    assert calls[0] == (6, 32768 // converter.TOP_M_STRIDE) and (6, 32768) not in calls
+    assert torch.equal(v, ref.values) and torch.equal(x.gather(1, i), v)  # (this x has one exact tie)
+    assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(i, ref.indices))
+
+
+def _sparse_reference(conv, pi: torch.Tensor, tol: float) -> torch.Tensor:
+    """The sparse converter's values row by row: dense rows F.linear, sparse rows their renormalised kept slots."""
+    import torch.nn.functional as F
+    from dsl_llada.converter import SPARSE_MAX_FRACTION
+
+    lin = conv.backbone_embedding
+    keep = pi >= tol / pi.shape[-1]
+    counts = keep.sum(-1)
+    sparse = counts <= max(1, pi.shape[-1] // SPARSE_MAX_FRACTION)
+    h = F.linear(pi, lin.weight, lin.bias)
+    for i in sparse.nonzero().squeeze(1).tolist():
+        col = keep[i].nonzero().squeeze(1)
+        w = pi[i, col]
+        w = w / torch.zeros(1).index_add_(0, torch.zeros_like(col), w)
+        h[i] = F.embedding_bag(col, lin.weight.T.contiguous(), torch.tensor([0]), mode="sum",
+                               per_sample_weights=w)[0] + lin.bias
+    return h
+
+
+@pytest.mark.parametrize("mix", ["flat", "peaked", "mixed"])
+def test_sparse_values_equal_the_row_by_row_reference(mix):
+    """Flat, peaked and mixed rows: the batched sparse path (one embedding_bag, dense rows together) gives every
+    row's h bit for bit as computed alone."""
+    model = perturb_converter(tiny_dsl(vocab=4000))
+    conv = model.converter
+    scale = {"flat": torch.full((12, 1), 0.5), "peaked": torch.full((12, 1), 40.0),
+             "mixed": torch.tensor([0.5, 40.0, 8.0, 200.0] * 3)[:, None]}[mix]
+    pi = torch.softmax(scale * torch.randn(12, 4001, generator=gen(3)), -1)
+    with torch.no_grad():
+        assert torch.equal(conv._sparse_values(pi, 1e-6), _sparse_reference(conv, pi, 1e-6))

@@ -35,6 +35,24 @@ SPARSE_MAX_FRACTION = 32
 position with more (a flat softmax, at low SNR) goes through the dense product, which is cheaper per slot."""
 
 
+SLOT_ALIGN = 16
+"""Inference rows of slot logits start on a multiple of SLOT_ALIGN floats (64 bytes): with V+1 = 32,769 columns every
+row of an unpadded buffer starts misaligned, and the slot-logit matmul writing it ran at ~60 % of the speed of an
+aligned one (2-core AMD EPYC, MKL; docs/benchmarks.md)."""
+SLOT_ALIGN_MIN_ROWS = 16
+"""...only for chunks of at least this many rows: MKL takes another kernel for 1-3 rows, whose results depend on the
+row stride (measured), and the product is cheap there anyway."""
+
+
+def aligned_slots(n_slots: int, rows: int) -> int:
+    """Row width of the inference slot buffer for `rows` x `n_slots` logits: `n_slots` rounded up to a multiple of
+    SLOT_ALIGN (from SLOT_ALIGN_MIN_ROWS rows; `n_slots` below). The extra columns hold -inf logits, probability 0.
+    Each value is unchanged: only the buffer's row stride differs (bit-identical, tests/test_speed_paths.py)."""
+    if rows < SLOT_ALIGN_MIN_ROWS:
+        return n_slots
+    return -(-n_slots // SLOT_ALIGN) * SLOT_ALIGN
+
+
 class NoiseEmbedding(nn.Module):
     """The (V, d) table of unit-norm token directions e_v (checkpoint key `noise_embed.weight`)."""
 
@@ -106,18 +124,25 @@ class Converter(nn.Module):
         return torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
                                             or any(p.requires_grad for p in self.parameters()))
 
-    def _keys(self, E: torch.Tensor) -> torch.Tensor:
-        """K = [E; k_mask] (V+1, d) fp32, cached while E and the mask key are unchanged (inference only)."""
-        mk = self.mask_key
-        stamp = (E._version, None if mk is None else (mk.data_ptr(), mk._version))
+    def _keys(self, E: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, b): K = [E; k_mask] fp32 and the logit bias b, both padded to `width` >= V+1 slots with zero keys and
+        -inf biases (so a padded slot's logit is -inf and its probability exactly 0); cached while E, the mask key
+        and the bias are unchanged (inference only)."""
+        mk, bias = self.mask_key, self.logit_bias
+        stamp = (E._version, None if mk is None else (mk.data_ptr(), mk._version), bias.data_ptr(), bias._version)
         cache = getattr(self, "_key_cache", None)
-        if cache is not None and cache[0] is E and cache[1] == stamp:
-            return cast(torch.Tensor, cache[2])
-        K = E.new_empty((E.shape[0] + 1, E.shape[1]), dtype=torch.float32)
-        K[:-1].copy_(E)
-        K[-1].copy_(mk.detach() if mk is not None else torch.zeros((), dtype=torch.float32))
-        object.__setattr__(self, "_key_cache", (E, stamp, K))  # not a module attribute: never saved
-        return K
+        if cache is None or cache[0] is not E or cache[1] != stamp:
+            cache = (E, stamp, {})
+            object.__setattr__(self, "_key_cache", cache)  # not a module attribute: never saved
+        if width not in cache[2]:
+            n = E.shape[0] + 1
+            K = E.new_zeros((width, E.shape[1]), dtype=torch.float32)
+            K[: n - 1].copy_(E)
+            K[n - 1].copy_(mk.detach() if mk is not None else torch.zeros((), dtype=torch.float32))
+            b = torch.full((width,), float("-inf"), dtype=torch.float32, device=E.device)
+            b[:n].copy_(bias.detach())
+            cache[2][width] = (K, b)
+        return cast(tuple[torch.Tensor, torch.Tensor], cache[2][width])
 
     def _values_t(self) -> torch.Tensor:
         """W^T (V+1, H) contiguous, for row gathers by the sparse path; cached while W is unchanged (inference only)."""
@@ -132,11 +157,14 @@ class Converter(nn.Module):
 
     def slot_logits(self, z: torch.Tensor, E: torch.Tensor, beta: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, d) states -> (N, V+1) fp32 converter logits beta * z K^T + b (written into `out` when given, inference
-        only)."""
+        """(N, d) states -> (N, V+1) fp32 converter logits beta * z K^T + b (inference only: written into `out` when
+        given, which may be wider than V+1 columns (`aligned_slots`): its extra columns get -inf, and the result is
+        the view of its first V+1 columns)."""
         z32 = z.float()
         if not self._needs_grad(z, E, beta):  # inference: one fused matmul + bias into the (N, V+1) result
-            return torch.addmm(self.logit_bias.float(), z32, self._keys(E.float()).T, alpha=float(beta), out=out)
+            n_slots = E.shape[0] + 1
+            K, b = self._keys(E.float(), n_slots if out is None else out.shape[-1])
+            return torch.addmm(b, z32, K.T, alpha=float(beta), out=out)[:, :n_slots]
         tok = z32 @ E.float().T
         if self.mask_key is None:
             mask = torch.zeros_like(tok[:, :1])
@@ -148,11 +176,16 @@ class Converter(nn.Module):
                out: torch.Tensor | None = None, workspace: Workspace | None = None) -> torch.Tensor:
         # The (V+1)-way softmax stays fp32 even under bf16 autocast (bf16 has too few digits for 126k slots).
         with torch.autocast(device_type=z.device.type, enabled=False):
-            if workspace is None:
+            n_slots = E.shape[0] + 1
+            if self._needs_grad(z, E, beta):
                 pi = torch.softmax(self.slot_logits(z, E, beta), dim=-1)
-            else:  # inference: the slot logits and their softmax share one reused (N, V+1) buffer
-                buf = workspace.get("converter.slots", (z.shape[0], E.shape[0] + 1), torch.float32, z.device)
-                pi = torch.softmax(self.slot_logits(z, E, beta, out=buf), dim=-1, out=buf)
+            else:  # inference: the slot logits and their softmax share one (N, aligned V+1) buffer, reused per run
+                # aligned rows on CPUs only (measured with MKL; a GPU library may pick another algorithm for N)
+                shape = (z.shape[0], aligned_slots(n_slots, z.shape[0]) if z.device.type == "cpu" else n_slots)
+                buf = torch.empty(shape, dtype=torch.float32, device=z.device) if workspace is None else \
+                    workspace.get("converter.slots", shape, torch.float32, z.device)
+                self.slot_logits(z, E, beta, buf)
+                pi = torch.softmax(buf, dim=-1, out=buf)[:, :n_slots]  # padded slots: exp(-inf) = 0
             pi = flush_tiny(pi)
         lin = self.backbone_embedding
         if tolerance > 0:
@@ -280,7 +313,11 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     typically ~1.5 m values of the row are >= t; when every row has at least m of them (checked, not assumed), the
     top m of the row are among them, and one `topk` over these candidates gives exactly the row's top m. Otherwise
     (an unlucky sample, NaNs, flat rows) it is `topk` over the whole row. Measured at 128 x 32,768, M = 512 on the
-    2-core CPU: about 10 ms instead of 15 (docs/benchmarks.md)."""
+    2-core CPU, 1 thread: about 18 ms instead of `topk`'s 30 (docs/benchmarks.md).
+
+    The candidate array (which positions, in which order) decides the order that `topk` gives exactly tied values,
+    and that order the summation order of the posterior mean: with bf16 logits ties are common, so the candidates
+    must stay exactly these (a different threshold changed bf16 tokens; docs/benchmarks.md)."""
     rows, n = x.shape
     k_sub = -(-3 * m // (2 * TOP_M_STRIDE))
     if x.device.type != "cpu" or n < 16 * m or rows == 0:
