@@ -132,7 +132,8 @@ class Converter(nn.Module):
         stamp = (E._version, None if mk is None else (mk.data_ptr(), mk._version), bias.data_ptr(), bias._version)
         cache = getattr(self, "_key_cache", None)
         if cache is None or cache[0] is not E or cache[1] != stamp:
-            cache = (E, stamp, {})
+            keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            cache = (E, stamp, keys)
             object.__setattr__(self, "_key_cache", cache)  # not a module attribute: never saved
         if width not in cache[2]:
             n = E.shape[0] + 1

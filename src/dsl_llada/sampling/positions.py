@@ -97,6 +97,6 @@ def block_logits(forward: Callable[..., torch.Tensor], x: torch.Tensor, attentio
     logits = forward(x, attention_mask, positions=slice(lo, hi))
     if buffer is None or logits.dtype == torch.float32:
         return logits.float()
-    out = buffer.view(*logits.shape, device=logits.device)
+    out = buffer.view(logits.shape[0], W, logits.shape[-1], logits.device)
     out.copy_(logits)
     return out
