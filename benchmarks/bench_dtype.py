@@ -84,13 +84,14 @@ def matmul_peak(dtype: torch.dtype, reps: int = 5) -> float:
 
 
 def flops(s: dict, batch: int) -> dict[str, float]:
-    """FLOPs of one SDE denoiser call's needed work (multiply-adds x 2): blocks over prompt + response, the head on
-    the response rows, the converter's slot logits (fp32 always) and value product, on `batch` sequences."""
-    d, V, T, W = s["d_model"], s["vocab"], PROMPT + RESPONSE, RESPONSE
+    """FLOPs of one SDE denoiser call's needed work (`benchlib.call_flops`): blocks over prompt + response, the head
+    on the response rows, the converter's slot logits (fp32 always) and value product, on `batch` sequences."""
+    from benchlib import call_flops
+
+    d = s["d_model"]
     f = s["mlp_hidden_size"] or int(-(-8 * d // 3 // 8) * 8)
-    per_token_layer = 4 * d * d + 3 * d * f + 2 * T * d  # projections + SwiGLU + attention scores/values
-    return {"blocks": 2.0 * batch * T * s["n_layers"] * per_token_layer, "head": 2.0 * batch * W * d * V,
-            "converter_slots": 2.0 * batch * W * NOISE_DIM * (V + 1), "converter_values": 2.0 * batch * W * (V + 1) * d}
+    return call_flops(d_model=d, n_layers=s["n_layers"], mlp_hidden=f, vocab=s["vocab"], prompt=PROMPT,
+                      response=RESPONSE, noise_dim=NOISE_DIM, batch=batch)
 
 
 def reset_peak_rss() -> bool:

@@ -63,6 +63,31 @@ def med_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
+def block_flops_per_token(d_model: int, mlp_hidden: int, seq_len: int, n_kv_heads_dim: int | None = None) -> float:
+    """FLOPs (multiply-adds x 2) of one LLaDA block for one token of a `seq_len`-token sequence: the q/k/v/out
+    projections, the SwiGLU MLP (gate, up, down) and attention (scores and the weighted sum of values over all
+    `seq_len` keys). `n_kv_heads_dim` = n_kv_heads x head_dim for grouped-query attention (default d_model: MHA)."""
+    kv = d_model if n_kv_heads_dim is None else n_kv_heads_dim
+    return 2.0 * (2 * d_model * d_model + 2 * d_model * kv + 3 * d_model * mlp_hidden + 2 * seq_len * d_model)
+
+
+def call_flops(*, d_model: int, n_layers: int, mlp_hidden: int, vocab: int, prompt: int, response: int,
+               noise_dim: int, batch: int, top_m: int = 0, head_rows: int | None = None) -> dict[str, float]:
+    """FLOPs of one SDE denoiser call on `batch` sequences of prompt + response tokens: the blocks over every
+    position, the output head on `head_rows` rows per sequence (default `response`: the denoiser asks the backbone
+    for the window's logits only), the converter's fp32 slot logits z K^T (K: V+1 rows of `noise_dim`) and its
+    value product pi W^T (W: V+1 columns of d_model), and the top-M posterior mean (M weighted rows of E)."""
+    T = prompt + response
+    rows = response if head_rows is None else head_rows
+    out = {"blocks": batch * T * n_layers * block_flops_per_token(d_model, mlp_hidden, T),
+           "head": 2.0 * batch * rows * d_model * vocab,
+           "converter_slots": 2.0 * batch * response * noise_dim * (vocab + 1),
+           "converter_values": 2.0 * batch * response * (vocab + 1) * d_model,
+           "top_m_posterior": 2.0 * batch * response * top_m * noise_dim}
+    out["total"] = sum(out.values())
+    return out
+
+
 def add_threads_arg(ap, default: int | None = None) -> None:
     """`--threads N` (torch intra-op threads; default: the CPUs this process may use, or `default`)."""
     ap.add_argument("--threads", type=int, default=default,
