@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -241,8 +242,10 @@ class Server:
 
 
 def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int = 2, sampler: str = "sde",
-               steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0) -> dict:
+               steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0,
+               progress: Callable[[int, dict[str, float]], None] | None = None) -> dict:
     """The interleaved comparison of the module docstring; every output is also checked against the library.
+    `progress(round, {variant: seconds})` is called after each round (a run cut short still shows its rounds).
 
     Each round also times the sampler itself (`run_sampler`, no server) on one request at batch 1 and on a batch of
     `clients` rows: N x t(1) / t(N) is what batching can gain at most (the *ceiling* of the throughput ratio: no
@@ -306,6 +309,8 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
                 times[label].append(time.perf_counter() - t0)
                 if srv is batched:
                     batch_sizes += sizes
+            if progress is not None:
+                progress(r + 1, {k: v[-1] for k, v in times.items()})
     finally:
         batched.close()
         single.close()
@@ -453,8 +458,13 @@ def main() -> int:
         desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "
                 f"{a.layers} layers, toy vocabulary of {len(tok)} tokens)")
         if a.rounds is not None:
+            def progress(r: int, seconds: dict[str, float]) -> None:
+                print(f"round {r}/{a.rounds}: " + json.dumps({k: round(v, 4) for k, v in seconds.items()}),
+                      file=sys.stderr, flush=True)
+
             result = run_rounds(model, tok, rounds=a.rounds, clients=a.clients, requests=a.requests,
-                                sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s)
+                                sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s,
+                                progress=progress)
         else:
             result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
                                max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,

@@ -112,7 +112,9 @@ def test_main_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
         "--sampler", "remask", "--steps", "2", "--gen-length", "8", "--no-gc-freeze", "--json", str(out / "r.json"),
         "--markdown", str(out / "r.md")])
     assert bench.main() == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert 'round 1/1: {"generate": ' in captured.err  # each round's timings as it ends
     record = json.loads((out / "r.json").read_text())
     assert set(record) == {"command", "model", "result", "environment"}
     assert record["result"]["device"] == "cpu" and record["environment"]["device"] == "cpu"
