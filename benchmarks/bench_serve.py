@@ -10,8 +10,12 @@ so a load change on a shared machine hits all of them): a single client's reques
 `generate` path (encode + sampler + decode) on the same settings, and the throughput of 16 concurrent clients
 against a `--max-batch 1` server; medians with the spread over the rounds, plus the environment record.
 
+`--device cuda` puts the model (and so the `generate` path, the sampler timings and the served app) on the GPU; the
+sampler is timed between `torch.cuda.synchronize()` calls there, and the GPU's name goes into the result.
+
 Usage:  python benchmarks/bench_serve.py [--model DIR] [--clients 8] [--requests 4] [--max-batch 8] [--write]
-        python benchmarks/bench_serve.py --rounds 3 [--clients 16] [--requests 2] [--write]
+        python benchmarks/bench_serve.py --rounds 3 [--clients 16] [--requests 2] [--device cuda]
+                                         [--json OUT.json] [--markdown OUT.md] [--write]
 Bounded: at most 2,000 requests per mode and --timeout-s seconds per mode; loopback only.
 """
 
@@ -23,25 +27,31 @@ import os
 import platform
 import shlex
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
 from dsl_llada.backbones.base import SpecialTokens
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
-from dsl_llada.loading import encode_prompt, load_model, load_tokenizer
+from dsl_llada.loading import check_device, encode_prompt, load_model, load_tokenizer
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.serve.app import create_app
-from dsl_llada.serve.runner import run_sampler, seeded_generator
+from dsl_llada.serve.runner import model_device, run_sampler, seeded_generator
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from benchlib import environment_note, parse_args, run_environment, sync  # noqa: E402
+
+ROOT = HERE.parent
 HOST = "127.0.0.1"
 MAX_REQUESTS = 2000
 KEEP_ALIVE_S = 120
@@ -64,6 +74,22 @@ def build_tiny_model(path: Path, *, d_model: int = 64, n_layers: int = 2, seed: 
     DSLModel.convert(bb, DSLConfig(converter=ConverterConfig(noise_dim=16))).save_pretrained(path)
     tok.save_pretrained(str(path))
     return path
+
+
+def device_info(model) -> dict:
+    """Where the model runs: {"device": "cpu"}, or with CUDA also the GPU's name."""
+    dev = model_device(model)
+    info = {"device": str(dev)}
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    return info
+
+
+def where(result: dict) -> str:
+    """The report's words for a non-CPU device ("" on the CPU, so CPU reports read as before)."""
+    if result.get("device", "cpu") == "cpu":
+        return ""
+    return f", model on {result['device']}" + (f" ({result['gpu']})" if result.get("gpu") else "")
 
 
 @dataclass
@@ -97,7 +123,8 @@ def reference_texts(model, tok, items, sampler: str, config) -> dict[tuple[str, 
     """The library's text for each (prompt, seed): the sampler on a batch of one, generator seeded `seed`."""
     out = {}
     for prompt, seed in (x for client in items for x in client):
-        batch = PromptBatch.from_lists([encode_prompt(tok, prompt)], pad_id=model.special.pad_id)
+        batch = PromptBatch.from_lists([encode_prompt(tok, prompt)], pad_id=model.special.pad_id,
+                                       device=model_device(model))
         res = run_sampler(model, sampler, config, batch, [seeded_generator(seed)])
         out[(prompt, seed)] = tok.decode(res.responses()[0], skip_special_tokens=True)
     return out
@@ -174,7 +201,7 @@ def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int
     def tput(m: ModeResult) -> float:
         return m.answered / m.seconds
 
-    return {"modes": [m.row() for m in modes], "clients": clients, "requests_per_client": requests,
+    return {"modes": [m.row() for m in modes], **device_info(model), "clients": clients, "requests_per_client": requests,
             "sampler": sampler, "steps": steps, "gen_length": gen_length, "max_wait_ms": max_wait_ms,
             "throughput_ratio": [round(tput(m) / tput(single), 2) for m in modes[:-1]],
             "p50_ratio": [round(statistics.median(single.latencies) / statistics.median(m.latencies), 2)
@@ -215,8 +242,10 @@ class Server:
 
 
 def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int = 2, sampler: str = "sde",
-               steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0) -> dict:
+               steps: int = 16, gen_length: int = 32, timeout_s: float = 600.0,
+               progress: Callable[[int, dict[str, float]], None] | None = None) -> dict:
     """The interleaved comparison of the module docstring; every output is also checked against the library.
+    `progress(round, {variant: seconds})` is called after each round (a run cut short still shows its rounds).
 
     Each round also times the sampler itself (`run_sampler`, no server) on one request at batch 1 and on a batch of
     `clients` rows: N x t(1) / t(N) is what batching can gain at most (the *ceiling* of the throughput ratio: no
@@ -227,17 +256,21 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
     config = (SDEConfig(nfe=steps, gen_length=gen_length) if sampler in ("sde", "block-sde")
               else RemaskConfig(steps=steps, gen_length=gen_length, remdm=sampler == "remdm"))
     prompt = PROMPTS[0]  # one prompt length: every request may share a batch (per-row seeds keep outputs apart)
+    device = model_device(model)
 
     def library(seed: int) -> str:
         ids = encode_prompt(tok, prompt)
-        res = run_sampler(model, sampler, config, PromptBatch.from_lists([ids], pad_id=model.special.pad_id),
+        res = run_sampler(model, sampler, config,
+                          PromptBatch.from_lists([ids], pad_id=model.special.pad_id, device=device),
                           [seeded_generator(seed)])
         return tok.decode(res.responses()[0], skip_special_tokens=True)
 
     def sampler_alone(seed: int, rows: int) -> None:
         ids = encode_prompt(tok, prompt)
-        run_sampler(model, sampler, config, PromptBatch.from_lists([ids] * rows, pad_id=model.special.pad_id),
+        run_sampler(model, sampler, config,
+                    PromptBatch.from_lists([ids] * rows, pad_id=model.special.pad_id, device=device),
                     [seeded_generator(seed + j) for j in range(rows)])
+        sync(str(device))  # the GPU's queued work is part of the sampler's time
 
     batched = Server(model, tok, max_batch=clients, timeout_s=timeout_s)
     single = Server(model, tok, max_batch=1, timeout_s=timeout_s)
@@ -245,9 +278,13 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
                                      "sampler, batch N": [], "batched, N clients": [], "--max-batch 1, N clients": []}
     batch_sizes: list[int] = []
     mismatches = 0
+    if device.type == "cuda":  # CUDA's lazy start-up (context, kernels, allocator) is not round 1's cost
+        library(0)
+        sampler_alone(0, clients)
     try:
         for r in range(rounds):
             seed = 10_000 * (r + 1)
+            sync(str(device))
             t0 = time.perf_counter()
             want = library(seed)
             times["generate"].append(time.perf_counter() - t0)
@@ -256,6 +293,7 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
             times["server, 1 client"].append(time.perf_counter() - t0)
             mismatches += got != want
             for label, rows in (("sampler, batch 1", 1), ("sampler, batch N", clients)):
+                sync(str(device))
                 t0 = time.perf_counter()
                 sampler_alone(seed, rows)
                 times[label].append(time.perf_counter() - t0)
@@ -271,6 +309,8 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
                 times[label].append(time.perf_counter() - t0)
                 if srv is batched:
                     batch_sizes += sizes
+            if progress is not None:
+                progress(r + 1, {k: v[-1] for k, v in times.items()})
     finally:
         batched.close()
         single.close()
@@ -281,7 +321,8 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
     lat_ratio = [s / g for s, g in zip(times["server, 1 client"], times["generate"])]
     tput_ratio = [m / b for b, m in zip(times["batched, N clients"], times["--max-batch 1, N clients"])]
     ceiling = [clients * one / many for one, many in zip(times["sampler, batch 1"], times["sampler, batch N"])]
-    return {"rounds": rounds, "clients": clients, "requests_per_client": requests, "sampler": sampler, "steps": steps,
+    return {"rounds": rounds, **device_info(model), "clients": clients, "requests_per_client": requests,
+            "sampler": sampler, "steps": steps,
             "gen_length": gen_length, "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
             "latency_ratio": {"median": round(med(lat_ratio), 4), "min": round(min(lat_ratio), 4),
                               "max": round(max(lat_ratio), 4)},
@@ -296,7 +337,7 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
 def markdown_rounds(result: dict, *, command: str, model_desc: str) -> str:
     from dsl_llada.environment import environment_record
 
-    env = environment_record(device="cpu", dtype="float32")
+    env = environment_record(device=result.get("device", "cpu"), dtype="float32")
     n = result["clients"] * result["requests_per_client"]
     lines = ["", f"### Serving: single-client latency and {result['clients']}-client throughput "
                  f"({time.strftime('%Y-%m-%d')})", "", f"Command: `{command}`", "",
@@ -305,7 +346,7 @@ def markdown_rounds(result: dict, *, command: str, model_desc: str) -> str:
              f"request to the server, the sampler alone at batch 1 and at batch {result['clients']}, {n} requests from "
              f"{result['clients']} concurrent clients to the batching server (--max-batch {result['clients']}, no "
              f"batch wait), the same to a `--max-batch 1` server); server and "
-             f"clients in one process, {torch.get_num_threads()} torch thread(s), load average "
+             f"clients in one process{where(result)}, {torch.get_num_threads()} torch thread(s), load average "
              f"{os.getloadavg()[0]:.1f} at the end (**a shared machine: the ratios measured within "
              f"each round are the figures to trust**).", "",
              "| variant | median s | min s | max s |", "|---|---|---|---|"]
@@ -331,7 +372,8 @@ def markdown(result: dict, *, command: str, model_desc: str) -> str:
              f"Model: {model_desc}; {result['clients']} concurrent `openai` clients x {result['requests_per_client']} "
              f"requests each, sampler {result['sampler']} with {result['steps']} NFE/steps, {result['gen_length']} "
              f"tokens, `--max-wait-ms {result['max_wait_ms']:g}`; server and clients in one process on "
-             f"{platform.machine()} with {os.cpu_count()} CPU cores and {torch.get_num_threads()} torch thread(s), "
+             f"{platform.machine()} with {os.cpu_count()} CPU cores and {torch.get_num_threads()} torch thread(s)"
+             f"{where(result)}, "
              f"load average {load[0]:.1f} when it finished"
              + (" (**the machine was contended: absolute figures are not representative, the ratio is more "
                 "meaningful**)" if load[0] > (os.cpu_count() or 1) else "") + ".", "",
@@ -346,11 +388,13 @@ def markdown(result: dict, *, command: str, model_desc: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random DSL model, d=64, 2 layers)")
     ap.add_argument("--d-model", type=int, default=64, help="width of the built random model (without --model)")
     ap.add_argument("--layers", type=int, default=2, help="layers of the built random model (without --model)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the model, the sampler timings and the served app run (default cpu)")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client")
     ap.add_argument("--max-batch", type=int, default=8)
@@ -359,18 +403,54 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16, help="NFE (sde) or steps (remask/remdm)")
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    from benchlib import environment_note, parse_args
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
     ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="also write the result with its environment record as JSON to PATH")
+    ap.add_argument("--markdown", default=None, metavar="PATH", help="also write the markdown section to PATH")
+    ap.add_argument("--overwrite", action="store_true", help="replace existing --json / --markdown files")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave the startup objects to the garbage collector (`dsl-llada serve` freezes them)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="run the interleaved single-client / N-client comparison over this many rounds instead")
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuse (exit 2, one message) what would fail only after the model is built: a device this machine lacks,
+    output files that exist (without --overwrite) or are folders."""
+    try:
+        check_device(a.device)
+    except ValueError as e:
+        ap.error(str(e))
+    for opt, path in (("--json", a.json), ("--markdown", a.markdown)):
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            ap.error(f"{opt} {path!r} is a folder; give a file path")
+        if Path(path).exists() and not a.overwrite:
+            ap.error(f"{opt} {path!r} exists; pass --overwrite to replace it")
+    if a.json is not None and a.markdown is not None and Path(a.json).resolve() == Path(a.markdown).resolve():
+        ap.error(f"--json and --markdown are the same file {a.json!r}")
+
+
+def write_file(path: str, text: str) -> None:
+    """Write `text` to `path` whole (a temporary file renamed over it), creating its folder."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+
+
+def main() -> int:
+    ap = build_parser()
     a = parse_args(ap)
+    check_args(ap, a)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", d_model=a.d_model, n_layers=a.layers)
-        model, tok = load_model(path), load_tokenizer(path)
+        model, tok = load_model(path, device=a.device), load_tokenizer(path)
         if not a.no_gc_freeze:
             from dsl_llada.serve.serve_cli import freeze_startup_objects
 
@@ -378,18 +458,27 @@ def main() -> int:
         desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "
                 f"{a.layers} layers, toy vocabulary of {len(tok)} tokens)")
         if a.rounds is not None:
+            def progress(r: int, seconds: dict[str, float]) -> None:
+                print(f"round {r}/{a.rounds}: " + json.dumps({k: round(v, 4) for k, v in seconds.items()}),
+                      file=sys.stderr, flush=True)
+
             result = run_rounds(model, tok, rounds=a.rounds, clients=a.clients, requests=a.requests,
-                                sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s)
+                                sampler=a.sampler, steps=a.steps, gen_length=a.gen_length, timeout_s=a.timeout_s,
+                                progress=progress)
         else:
             result = run_bench(model, tok, clients=a.clients, requests=a.requests, max_batch=a.max_batch,
                                max_wait_ms=a.max_wait_ms, sampler=a.sampler, steps=a.steps, gen_length=a.gen_length,
                                timeout_s=a.timeout_s)
-    import sys
 
     command = "python " + shlex.join(["benchmarks/bench_serve.py", *sys.argv[1:]])
     text = (markdown_rounds if a.rounds is not None else markdown)(result, command=command, model_desc=desc)
     text = text.rstrip("\n") + "\n\n" + environment_note() + "\n"
     print(text)
+    if a.json is not None:
+        record = {"command": command, "model": desc, "result": result, "environment": run_environment()}
+        write_file(a.json, json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+    if a.markdown is not None:
+        write_file(a.markdown, text)
     if a.write:
         with open(ROOT / "docs" / "benchmarks.md", "a", encoding="utf-8") as f:
             f.write(text)

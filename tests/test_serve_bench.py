@@ -4,10 +4,12 @@ output equal to the library's for its seed, in all three modes (no timing is ass
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dsl_llada.loading import load_model, load_tokenizer
 
@@ -61,3 +63,65 @@ def test_interleaved_rounds(tmp_path):
     assert "the ceiling of that ratio" in text
     with pytest.raises(ValueError, match="rounds=0"):
         bench.run_rounds(model, tok, rounds=0)
+    assert result["device"] == "cpu" and "gpu" not in result and "model on" not in text
+    on_gpu = bench.markdown_rounds({**result, "device": "cuda:0", "gpu": "Some GPU"}, command="c", model_desc="tiny")
+    assert "in one process, model on cuda:0 (Some GPU), " in on_gpu
+
+
+def test_options_and_their_checks(tmp_path, capsys):
+    bench = load_bench()
+    ap = bench.build_parser()
+    help_text = ap.format_help()
+    for opt in ("--device {cpu,cuda}", "--json PATH", "--markdown PATH", "--overwrite", "--rounds", "--write"):
+        assert opt in help_text, opt
+    a = ap.parse_args([])
+    assert (a.device, a.json, a.markdown, a.overwrite) == ("cpu", None, None, False)
+    bench.check_args(ap, a)  # the defaults pass
+    taken = tmp_path / "r.json"
+    taken.write_text("{}")
+    for argv, message in ((["--json", str(taken)], f"--json '{taken}' exists; pass --overwrite"),
+                          (["--markdown", str(tmp_path)], f"--markdown '{tmp_path}' is a folder"),
+                          (["--json", str(tmp_path / "x"), "--markdown", str(tmp_path / "x")], "are the same file")):
+        with pytest.raises(SystemExit) as e:
+            bench.check_args(ap, ap.parse_args(argv))
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+    bench.check_args(ap, ap.parse_args(["--json", str(taken), "--overwrite"]))
+    with pytest.raises(SystemExit) as e:
+        ap.parse_args(["--device", "tpu"])
+    assert e.value.code == 2 and "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_gpu_is_one_clear_error_before_any_work(tmp_path, monkeypatch, capsys):
+    bench = load_bench()
+    monkeypatch.setattr(bench, "build_tiny_model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(sys, "argv", ["bench_serve.py", "--device", "cuda", "--json", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+    assert "--device 'cuda': no CUDA GPU is available on this machine; use --device cpu" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_main_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("openai", reason="the load test uses the official openai client (pip install openai)")
+    bench = load_bench()
+    out = tmp_path / "out"  # created by the run
+    monkeypatch.setattr(sys, "argv", [
+        "bench_serve.py", "--device", "cpu", "--d-model", "32", "--rounds", "1", "--clients", "2", "--requests", "1",
+        "--sampler", "remask", "--steps", "2", "--gen-length", "8", "--no-gc-freeze", "--json", str(out / "r.json"),
+        "--markdown", str(out / "r.md")])
+    assert bench.main() == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert 'round 1/1: {"generate": ' in captured.err  # each round's timings as it ends
+    record = json.loads((out / "r.json").read_text())
+    assert set(record) == {"command", "model", "result", "environment"}
+    assert record["result"]["device"] == "cpu" and record["environment"]["device"] == "cpu"
+    assert record["result"]["rounds"] == 1 and record["result"]["single_client_equal_to_library"] == "1/1"
+    assert "load_average_end" in record["environment"]
+    assert record["command"].startswith("python benchmarks/bench_serve.py --device cpu --d-model 32")
+    md = (out / "r.md").read_text()
+    assert md.strip() in printed and md.startswith("\n### Serving: single-client latency and 2-client throughput")
+    assert md.rstrip().endswith("(machine shared with other jobs unless stated)")
+    assert sorted(p.name for p in out.iterdir()) == ["r.json", "r.md"]
