@@ -31,28 +31,10 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchlib import ROOT, clock, llada_shaped, parse_args, random_prompts, run_environment, write_section  # noqa: E402
+from benchlib import (ROOT, block_flops, llada_shaped, matmul_peak_fp32, median_time, parse_args,  # noqa: E402
+                      random_prompts, run_environment, write_section)
 
 PARTS = ("slot", "softmax", "values", "converter", "blocks", "head", "topm", "posterior", "call")
-
-
-def median_time(fn, reps: int) -> float:
-    fn()
-    return statistics.median(clock(fn) for _ in range(reps))
-
-
-def matmul_peak(reps: int) -> float:
-    """Best fp32 GFLOP/s of torch.mm over a few large square shapes (this process's attainable matmul rate)."""
-    best = 0.0
-    for n in (512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        best = max(best, 2 * n ** 3 / min(clock(lambda: torch.mm(a, b)) for _ in range(reps)) / 1e9)
-    return best
-
-
-def block_flops(T: int, H: int, F_: int, layers: int, n_heads: int, n_kv: int) -> float:
-    hd = H // n_heads
-    return layers * (2 * T * H * (H + 2 * n_kv * hd + H) + 2 * 2 * T * T * H + 2 * T * 3 * H * F_)
 
 
 @torch.no_grad()
@@ -88,7 +70,7 @@ def measure(reps: int, tolerance: float) -> dict:
     times: dict[str, list[float]] = {k: [] for k in PARTS}
     sparse = []
     with flush_denormals():
-        peak = matmul_peak(reps)
+        peak = matmul_peak_fp32(reps)
         for gamma in grid:
             y = (E[ids[0, P:]] + gamma ** -0.5 * torch.randn(L, d, generator=torch.Generator().manual_seed(4)))[None]
             z = gamma * y[0]

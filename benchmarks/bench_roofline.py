@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
+from benchlib import (block_flops, llada_shaped, machine_line, matmul_peak_fp32, median_time, parse_args,
+                      random_prompts, run_environment, write_section)
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.converter import top_m_values
@@ -31,29 +32,6 @@ from dsl_llada.numerics import flush_denormals
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.sde import inference_beta, sample_sde
 from dsl_llada.snr import snr_schedule
-
-
-def median_time(fn, reps: int) -> float:
-    fn()
-    return statistics.median(clock(fn) for _ in range(reps))
-
-
-def matmul_peak(reps: int) -> float:
-    """Best fp32 GFLOP/s of torch.mm over a few large shapes (the machine's attainable matmul peak)."""
-    best = 0.0
-    for n in (512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        t = min(clock(lambda: torch.mm(a, b)) for _ in range(reps))
-        best = max(best, 2 * n ** 3 / t / 1e9)
-    return best
-
-
-def block_flops(T: int, H: int, F_: int, layers: int, n_heads: int, n_kv: int) -> float:
-    hd = H // n_heads
-    proj = 2 * T * H * (H + 2 * n_kv * hd + H)  # q, k, v, out
-    attn = 2 * 2 * T * T * H  # QK^T and AV
-    mlp = 2 * T * 3 * H * F_
-    return layers * (proj + attn + mlp)
 
 
 @torch.no_grad()
@@ -82,7 +60,7 @@ def main() -> None:
     resp = slice(P, None)
 
     with flush_denormals():
-        peak = matmul_peak(a.reps)
+        peak = matmul_peak_fp32(a.reps)
         times: dict[str, list[float]] = {k: [] for k in ("slot", "softmax", "values", "converter", "sparse_values",
                                                           "posterior_topk", "posterior_topm", "posterior_bag", "posterior",
                                                           "call")}

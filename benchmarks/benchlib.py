@@ -63,12 +63,32 @@ def med_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median wall time of `reps` calls after one untimed warm-up call (CPU)."""
+    fn()
+    return statistics.median(clock(fn) for _ in range(reps))
+
+
+def matmul_peak_fp32(reps: int) -> float:
+    """Best fp32 GFLOP/s of torch.mm over a few large square shapes (this process's attainable matmul rate)."""
+    best = 0.0
+    for n in (512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        best = max(best, 2 * n ** 3 / min(clock(lambda: torch.mm(a, b)) for _ in range(reps)) / 1e9)
+    return best
+
+
 def block_flops_per_token(d_model: int, mlp_hidden: int, seq_len: int, n_kv_heads_dim: int | None = None) -> float:
     """FLOPs (multiply-adds x 2) of one LLaDA block for one token of a `seq_len`-token sequence: the q/k/v/out
     projections, the SwiGLU MLP (gate, up, down) and attention (scores and the weighted sum of values over all
     `seq_len` keys). `n_kv_heads_dim` = n_kv_heads x head_dim for grouped-query attention (default d_model: MHA)."""
     kv = d_model if n_kv_heads_dim is None else n_kv_heads_dim
     return 2.0 * (2 * d_model * d_model + 2 * d_model * kv + 3 * d_model * mlp_hidden + 2 * seq_len * d_model)
+
+
+def block_flops(T: int, H: int, F_: int, layers: int, n_heads: int, n_kv: int) -> float:
+    """FLOPs of `layers` LLaDA blocks over T tokens (block_flops_per_token, grouped-query aware)."""
+    return layers * T * block_flops_per_token(H, F_, T, n_kv * (H // n_heads))
 
 
 def call_flops(*, d_model: int, n_layers: int, mlp_hidden: int, vocab: int, prompt: int, response: int,
