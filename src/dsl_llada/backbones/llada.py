@@ -251,7 +251,9 @@ class LLaDABackbone(Backbone):
         return self.cfg.to_hf_dict()
 
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Random init for tests and benchmarks: N(0, std) weights, zero biases, unit norms."""
+        """Random init for tests and benchmarks: N(0, std) weights, zero biases, unit norms. The draws are made on
+        the generator's device (a CUDA generator fills a GPU model without a trip through the CPU), else on the
+        parameter's; a CPU generator gives the same values on every device."""
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
@@ -259,7 +261,8 @@ class LLaDABackbone(Backbone):
                 elif name.endswith(".bias"):
                     p.zero_()
                 else:
-                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+                    where = generator.device if generator is not None else p.device
+                    p.copy_(torch.randn(p.shape, generator=generator, device=where) * std)
 
     def _rope(self, L: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (L, str(device))

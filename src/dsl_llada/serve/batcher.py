@@ -236,16 +236,8 @@ class Batcher:
                 continue
             head = self.pending[0]
             await self._linger_for(head.key)
-            deadline = head.enqueued_at + self.max_wait
-            while len(self._compatible(head.key)) < self.max_batch and not self.closing and head in self.pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
+            await self._wait_until(lambda: len(self._compatible(head.key)) >= self.max_batch or self.closing
+                                   or head not in self.pending, head.enqueued_at + self.max_wait)
             if not self.pending:
                 continue
             head = self.pending[0]  # the old head may have been cancelled while we waited
@@ -263,7 +255,12 @@ class Batcher:
         _, want, until = linger
         if len(self._compatible(key)) < want and not self.closing:
             self.linger_waits += 1
-        while len(self._compatible(key)) < want and not self.closing:
+        await self._wait_until(lambda: len(self._compatible(key)) >= want or self.closing, until)
+
+    async def _wait_until(self, done: Callable[[], bool], until: float) -> None:
+        """Sleep on the wake-up event until `done()` or the monotonic time `until`, whichever comes first."""
+        assert self._wake is not None
+        while not done():
             remaining = until - time.monotonic()
             if remaining <= 0:
                 return
