@@ -32,7 +32,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (ROOT, block_flops, llada_shaped, matmul_peak_fp32, median_time, parse_args,  # noqa: E402
-                      random_prompts, run_environment, write_section)
+                      run_environment, sde_call_inputs, write_section)
 
 PARTS = ("slot", "softmax", "values", "converter", "blocks", "head", "topm", "posterior", "call")
 
@@ -41,24 +41,17 @@ PARTS = ("slot", "softmax", "values", "converter", "blocks", "head", "topm", "po
 def measure(reps: int, tolerance: float) -> dict:
     """Per-part medians (s) of the code on sys.path, FLOPs, peak, the sparse converter rows and seeded tokens."""
     from dsl_llada import converter as C
-    from dsl_llada.config import SDEConfig
     from dsl_llada.numerics import Workspace, flush_denormals
     from dsl_llada.sampling.denoiser import Denoiser
-    from dsl_llada.sampling.sde import inference_beta, sample_sde
-    from dsl_llada.snr import snr_schedule
+    from dsl_llada.sampling.sde import sample_sde
 
     torch.manual_seed(0)
     model = llada_shaped()
     bb, conv, cfg = model.backbone, model.converter, model.backbone.cfg
     P = L = 128
     T, V, H, d, M = P + L, model.vocab_size, cfg.d_model, model.noise_dim, 512
-    pb = random_prompts(model, 1, P)
-    E = model.unit_noise()
-    sde_cfg = SDEConfig(nfe=16, gen_length=L)
-    beta = inference_beta(model, sde_cfg)
+    pb, E, sde_cfg, beta, grid, ids = sde_call_inputs(model, P, L)
     b_t = torch.tensor(beta)
-    grid = snr_schedule("sensitive", sde_cfg.steps).tolist()
-    ids = torch.cat([pb.ids, torch.randint(0, V - 3, (1, L), generator=torch.Generator().manual_seed(3))], 1)
     W, c = conv.backbone_embedding.weight, conv.backbone_embedding.bias
     n_slots = V + 1
     width = C.aligned_slots(n_slots, L) if hasattr(C, "aligned_slots") else n_slots

@@ -24,14 +24,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (block_flops, llada_shaped, machine_line, matmul_peak_fp32, median_time, parse_args,
-                      random_prompts, run_environment, write_section)
+                      run_environment, sde_call_inputs, write_section)
 
-from dsl_llada.config import RemaskConfig, SDEConfig
+from dsl_llada.config import RemaskConfig
 from dsl_llada.converter import top_m_values
 from dsl_llada.numerics import flush_denormals
 from dsl_llada.sampling.remask import sample_remask
-from dsl_llada.sampling.sde import inference_beta, sample_sde
-from dsl_llada.snr import snr_schedule
+from dsl_llada.sampling.sde import sample_sde
 
 
 @torch.no_grad()
@@ -46,12 +45,7 @@ def main() -> None:
     bb, conv, cfg = model.backbone, model.converter, model.backbone.cfg
     P = L = 128
     T, V, H, d, M = P + L, model.vocab_size, cfg.d_model, model.noise_dim, 512
-    pb = random_prompts(model, 1, P)
-    E = model.unit_noise()
-    sde_cfg = SDEConfig(nfe=16, gen_length=L)
-    beta = inference_beta(model, sde_cfg)
-    grid = snr_schedule("sensitive", sde_cfg.steps).tolist()
-    ids = torch.cat([pb.ids, torch.randint(0, V - 3, (1, L), generator=torch.Generator().manual_seed(3))], 1)
+    pb, E, sde_cfg, beta, grid, ids = sde_call_inputs(model, P, L)
     state_mask = torch.zeros(1, T, dtype=torch.bool)
     state_mask[:, P:] = True
     W, c = conv.backbone_embedding.weight, conv.backbone_embedding.bias

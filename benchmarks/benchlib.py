@@ -45,6 +45,20 @@ def random_prompts(model: DSLModel, batch: int, length: int, seed: int = 1, devi
     return PromptBatch.from_lists(rows, pad_id=model.special.pad_id, device=device)
 
 
+def sde_call_inputs(model: DSLModel, prompt: int = 128, response: int = 128, nfe: int = 16):
+    """The per-call benchmarks' inputs (bench_roofline, bench_percall): prompts, the unit noise embedding E, the SDE
+    config, its inference beta, the SNR grid of its schedule, and ids = prompt + seeded response tokens (1, P + L)."""
+    from dsl_llada.config import SDEConfig
+    from dsl_llada.sampling.sde import inference_beta
+    from dsl_llada.snr import snr_schedule
+
+    pb = random_prompts(model, 1, prompt)
+    cfg = SDEConfig(nfe=nfe, gen_length=response)
+    tail = torch.randint(0, model.vocab_size - 3, (1, response), generator=torch.Generator().manual_seed(3))
+    return (pb, model.unit_noise(), cfg, inference_beta(model, cfg), snr_schedule(cfg.schedule, cfg.steps).tolist(),
+            torch.cat([pb.ids, tail], 1))
+
+
 def sync(device: str) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
