@@ -29,6 +29,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from benchlib import block_flops_per_token, call_flops, clock, parse_args, run_environment
@@ -185,10 +186,12 @@ def memory_now(device: str) -> int | None:
     return torch.cuda.memory_allocated()
 
 
-def sde_call(model: DSLModel, pb: PromptBatch, a, device: str, peak: float | None) -> dict:
-    """One SDE denoiser call (the sampler's own `Denoiser`), averaged over the NFE-16 SNR grid's values."""
+def sde_call(model: DSLModel, pb: PromptBatch, a, device: str, peak: float | None, compile: bool = False) -> dict:
+    """One SDE denoiser call (the sampler's own `Denoiser`), averaged over the NFE-16 SNR grid's values; with
+    `compile`, the backbone through `torch.compile` (SDEConfig.compile; compiled in the untimed first call)."""
     cfg = SDEConfig(nfe=NFE, gen_length=a.response)
-    den = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, cfg), top_m=cfg.top_m)
+    den = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, cfg), top_m=cfg.top_m,
+                             compile=compile)
     B, R = pb.batch_size, a.response
     y = torch.nn.functional.normalize(torch.randn(B, R, model.noise_dim, generator=torch.Generator().manual_seed(0)),
                                       dim=-1).to(device)
@@ -208,11 +211,13 @@ def sde_call(model: DSLModel, pb: PromptBatch, a, device: str, peak: float | Non
             "flops_needed": needed, "mfu": done["total"] / (t * peak) if peak else None}
 
 
-def whole(kind: str, model: DSLModel, pb: PromptBatch, a, device: str, peak: float | None) -> dict:
-    """A whole SDE (NFE 16) or remasking (16 steps) sample of the batch, seeded per row; median of --reps."""
+def whole(kind: str, model: DSLModel, pb: PromptBatch, a, device: str, peak: float | None,
+          compile: bool = False) -> dict:
+    """A whole SDE (NFE 16) or remasking (16 steps) sample of the batch, seeded per row; median of --reps. The
+    result keeps the sampled ids (`ids`, a list per row) for token comparisons."""
     B = pb.batch_size
     if kind == "sde":
-        cfg = SDEConfig(nfe=NFE, gen_length=a.response)
+        cfg = SDEConfig(nfe=NFE, gen_length=a.response, compile=compile)
 
         def run():
             return sample_sde(model, pb, cfg, generator=[torch.Generator().manual_seed(i) for i in range(B)])
@@ -232,7 +237,7 @@ def whole(kind: str, model: DSLModel, pb: PromptBatch, a, device: str, peak: flo
     res = {"s_per_batch": t, "times_s": ts, "s_per_sample": t / B, "samples_per_s": B / t,
            "tokens_per_s": B * a.response / t, "forward_passes": out.forward_passes,
            "counted": {k: v for k, v in c.items() if k != "block_rows"}, "flops_done": fl,
-           "mfu": fl["total"] / (t * peak) if peak else None}
+           "mfu": fl["total"] / (t * peak) if peak else None, "ids": out.ids.tolist()}
     if kind == "remask":
         # needed: the head on each row's still-masked positions (response/NFE committed per step); done: on every
         # column still masked in some row of the batch (the union: more than needed when rows commit differently)
@@ -292,6 +297,33 @@ def quantized(model: DSLModel, a, device: str, dtype: torch.dtype, run: Run) -> 
     return res
 
 
+def compiled_sde(model: DSLModel, a, device: str, peak: float | None, eager: dict, run: Run) -> dict:
+    """The backbone through `torch.compile` (SDEConfig.compile) at each batch of --compile-batches: compile time
+    (the first call), the SDE call and a whole NFE-16 sample against the eager figures of the same run, and the
+    fraction of the sample's tokens equal to eager's (fused kernels round differently: not bit-identical)."""
+    res: dict = {}
+    for b in a.compile_batches:
+        with run.part(f"compiled backbone, batch {b}"):
+            pb = prompts(model, b, a.prompt, device)
+            t0 = time.perf_counter()
+            sde_call(model, pb, SimpleNamespace(**{**vars(a), "reps": 1}), device, None, compile=True)  # compiles
+            first = time.perf_counter() - t0
+            call = sde_call(model, pb, a, device, peak, compile=True)
+            sde = whole("sde", model, pb, a, device, peak, compile=True)
+            ref = eager.get(str(b), {})
+            same = None
+            if "sde" in ref:
+                x, y = torch.tensor(sde["ids"]), torch.tensor(ref["sde"]["ids"])
+                same = float((x == y).float().mean())
+            res[str(b)] = {"first_call_s": first, "call": call, "sde": sde, "identical_tokens_vs_eager": same,
+                           "call_speedup": ref["call"]["ms_per_call"] / call["ms_per_call"] if "call" in ref else None,
+                           "sde_speedup": ref["sde"]["s_per_sample"] / sde["s_per_sample"] if "sde" in ref else None}
+            say(f"  first call {first:.1f} s; {call['ms_per_call']:.2f} ms/call, {sde['s_per_sample']:.3f} s/sample"
+                + (f"; vs eager {res[str(b)]['call_speedup']:.2f}x per call, {res[str(b)]['sde_speedup']:.2f}x per "
+                   f"sample, {100 * same:.1f} % identical tokens" if same is not None and ref.get("call") else ""))
+    return res
+
+
 def markdown(r: dict, command: str) -> str:
     m, pk = r.get("model", {}), r.get("peak", {})
     dev = r["environment"].get("gpu") or r["environment"].get("cpu_model")
@@ -317,6 +349,12 @@ def markdown(r: dict, command: str) -> str:
             _pct(call.get("mfu")), _f(sde.get("s_per_sample"), 3), _f(sde.get("samples_per_s"), 2),
             _f(sde.get("tokens_per_s"), 0), _pct(sde.get("mfu")), _f(rm.get("s_per_sample"), 3),
             _f(rm.get("tokens_per_s"), 0), _pct(rm.get("mfu")), _gib(x.get("peak_memory_bytes"))]) + " |")
+    for b, c in r.get("compiled", {}).items():
+        same = c.get("identical_tokens_vs_eager")
+        lines += ["", f"torch.compile'd backbone (`SDEConfig.compile`), batch {b}: first call (compiling) "
+                      f"{c['first_call_s']:.1f} s; SDE call {c['call']['ms_per_call']:.1f} ms ({_pct(c['call'].get('mfu'))} "
+                      f"MFU, {_f(c.get('call_speedup'), 2)}x eager); whole sample {c['sde']['s_per_sample']:.3f} s "
+                      f"({_f(c.get('sde_speedup'), 2)}x eager); tokens equal to eager's: {_pct(same)}."]
     q = r.get("quantize")
     if q and "skipped" in q:
         lines += ["", f"int8: skipped ({q['skipped']})."]
@@ -362,6 +400,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed repeats after one warm-up (default 3)")
     ap.add_argument("--peak-n", type=int, default=None, help="matmul size of the peak (default 8192 GPU, 1024 CPU)")
     ap.add_argument("--quantize", default="none", choices=["none", "int8"], help="also time an int8 backbone")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the SDE with the backbone through torch.compile (SDEConfig.compile)")
+    ap.add_argument("--compile-batches", type=int, nargs="+", default=[1],
+                    help="batch sizes for --compile (each compiles once; default 1)")
     ap.add_argument("--quick", action="store_true", help="batches 1 8, 1 rep, 8 layers unless given")
     ap.add_argument("--out", default=None, help="folder for bench_gpu.json and bench_gpu.md (created)")
     ap.add_argument("--json", default=None, help="results file (default OUT/bench_gpu.json)")
@@ -377,6 +419,8 @@ def main() -> int:
     a.peak_n = a.peak_n or (8192 if a.device.startswith("cuda") else 1024)
     for b in a.batches:
         bounded(ap, "--batches", b, 1, MAX_BATCH)
+    for b in a.compile_batches:
+        bounded(ap, "--compile-batches", b, 1, MAX_BATCH)
     bounded(ap, "--layers", a.layers, 1, 64)
     bounded(ap, "--prompt", a.prompt, 1, MAX_LEN // 2)
     bounded(ap, "--response", a.response, NFE, MAX_LEN // 2)
@@ -434,6 +478,8 @@ def main() -> int:
                                 f"{x['s_per_sample']:.3f} s/sample, {x['tokens_per_s']:.0f} tokens/s")
                         + (f", MFU {100 * x['mfu']:.1f} %" if x.get("mfu") is not None else ""))
             res["peak_memory_bytes"] = memory_peak(a.device)
+        if a.compile:
+            result["compiled"] = compiled_sde(model, a, a.device, peak, result["batches"], run)
         if a.quantize == "int8":
             with run.part("int8 weight-only backbone"):
                 try:

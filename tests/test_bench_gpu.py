@@ -103,12 +103,48 @@ def test_tiny_cpu_run(tmp_path):
 def test_options_and_bad_input(tmp_path):
     help_text = run(["--help"], tmp_path).stdout
     for opt in ("--device", "--dtype", "--preset", "--layers", "--batches", "--prompt", "--response", "--reps",
-                "--peak-n", "--quantize", "--quick", "--out", "--json", "--markdown", "--threads"):
+                "--peak-n", "--quantize", "--quick", "--out", "--json", "--markdown", "--threads", "--compile",
+                "--compile-batches"):
         assert opt in help_text, opt
     for args, msg in ((["--batches", "0"], "--batches=0 must be in 1..256"),
                       (["--response", "20"], "--response=20 must be a multiple of 16"),
                       (["--layers", "99"], "--layers=99 must be in 1..64"),
+                      (["--compile-batches", "0"], "--compile-batches=0 must be in 1..256"),
                       ([], "give --out DIR")):
         res = run(["--device", "cpu", *args], tmp_path, check=False)
         assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
     assert not list(tmp_path.iterdir())  # nothing written before the checks pass
+
+
+def test_compiled_part_compares_with_eager_of_the_same_run(monkeypatch):
+    """--compile's part, plumbing only (a real inductor compile takes minutes on this CPU): torch.compile replaced
+    by the identity, so the compiled figures must come from the compiled route (compiled once, reused) and its
+    tokens equal eager's exactly; the speed-ups are eager / compiled of the same run."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import bench_gpu
+    import dsl_llada.backbones.base as base
+
+    seen = []
+    monkeypatch.setattr(base.torch, "compile", lambda m: seen.append(m) or m)
+    torch.set_num_threads(1)
+    model = bench_gpu.build("small", 1, "cpu", torch.float32)
+    a = SimpleNamespace(prompt=P, response=R, reps=1, compile_batches=[1])
+    pb = bench_gpu.prompts(model, 1, P, "cpu")
+    with torch.no_grad():
+        eager = {"1": {"call": bench_gpu.sde_call(model, pb, a, "cpu", None),
+                       "sde": bench_gpu.whole("sde", model, pb, a, "cpu", None)}}
+        assert seen == []
+        result = {"errors": []}
+        res = bench_gpu.compiled_sde(model, a, "cpu", None, eager, bench_gpu.Run(result))
+    assert result["errors"] == [] and seen == [model.backbone]
+    c = res["1"]
+    assert c["identical_tokens_vs_eager"] == 1.0 and c["first_call_s"] > 0
+    assert c["call_speedup"] == pytest.approx(eager["1"]["call"]["ms_per_call"] / c["call"]["ms_per_call"])
+    assert c["sde_speedup"] == pytest.approx(eager["1"]["sde"]["s_per_sample"] / c["sde"]["s_per_sample"])
+    assert c["sde"]["ids"] == eager["1"]["sde"]["ids"] and len(c["sde"]["ids"][0]) == R
+    md = bench_gpu.markdown({"config": {"preset": "small", "dtype": "float32"}, "environment": {}, "errors": [],
+                             "batches": {}, "compiled": res}, "cmd")
+    assert "torch.compile'd backbone (`SDEConfig.compile`), batch 1" in md and "tokens equal to eager's: 100.0 %" in md
