@@ -115,11 +115,14 @@ def prompts(model: DSLModel, batch: int, length: int, device: str) -> PromptBatc
 def counting(model: DSLModel):
     """Count the work the code really does while inside: backbone forwards and the token rows through its blocks
     (with each forward's sequence length), rows through the output head, converter rows and posterior-mean rows.
-    Patches instance attributes of this model only (restored on exit)."""
+    Patches instance attributes of this model only (restored on exit). The counting forward runs eagerly
+    (`torch.compiler.disable`): inside a `torch.compile`d backbone its Python counters would make every call a
+    recompile (the --compile run on the H200 hit dynamo's recompile limit in its untimed counted run)."""
     bb = model.backbone
     c = {"forwards": 0, "block_rows": [], "head_rows": 0, "converter_rows": 0, "posterior_rows": 0}
     fwd, logits, conv, post = bb.forward, bb._logits, model.converter.forward, model.posterior_mean
 
+    @torch.compiler.disable
     def forward(x, *a, **k):
         c["forwards"] += 1
         c["block_rows"].append((x.shape[0] * x.shape[1], x.shape[1]))
