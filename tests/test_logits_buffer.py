@@ -101,6 +101,10 @@ def test_a_run_allocates_each_buffer_once_and_gives_the_fresh_tensor_tokens(mode
     assert torch.equal(out.ids, ref.ids)
     if cfg.temperature > 0:  # a different seed changes the tokens: the comparison is not vacuous
         assert not torch.equal(sample_remask(model, prompts(model), cfg, generator=gens(6)).ids, out.ids)
+    # without a callback the sampler must drop its own reference to a step's logits too (else every step allocates)
+    spy.clear()
+    assert torch.equal(sample_remask(model, prompts(model), cfg, generator=gens(5)).ids, out.ids)
+    assert [b.allocations for b in spy] == used
 
 
 @pytest.mark.parametrize("keep", ["tensor", "view", "numpy", "info"])
