@@ -226,7 +226,7 @@ def whole(kind: str, model: DSLModel, pb: PromptBatch, a, device: str, peak: flo
             return sample_sde(model, pb, cfg, generator=[torch.Generator().manual_seed(i) for i in range(B)])
         top_m = cfg.top_m
     else:
-        rcfg = RemaskConfig(steps=NFE, gen_length=a.response)
+        rcfg = RemaskConfig(steps=NFE, gen_length=a.response, compile=compile)
 
         def run():
             return sample_remask(model.backbone, pb, rcfg, generator=[torch.Generator().manual_seed(i) for i in range(B)])
@@ -300,10 +300,11 @@ def quantized(model: DSLModel, a, device: str, dtype: torch.dtype, run: Run) -> 
     return res
 
 
-def compiled_sde(model: DSLModel, a, device: str, peak: float | None, eager: dict, run: Run) -> dict:
-    """The backbone through `torch.compile` (SDEConfig.compile) at each batch of --compile-batches: compile time
-    (the first call), the SDE call and a whole NFE-16 sample against the eager figures of the same run, and the
-    fraction of the sample's tokens equal to eager's (fused kernels round differently: not bit-identical)."""
+def compiled_runs(model: DSLModel, a, device: str, peak: float | None, eager: dict, run: Run) -> dict:
+    """The backbone through `torch.compile` (SDEConfig.compile, RemaskConfig.compile) at each batch of
+    --compile-batches: compile time (the first call), the SDE call, a whole NFE-16 SDE sample and a whole 16-step
+    remasking sample against the eager figures of the same run, and the fraction of each sample's tokens equal to
+    eager's (fused kernels round differently: not bit-identical)."""
     res: dict = {}
     for b in a.compile_batches:
         with run.part(f"compiled backbone, batch {b}"):
@@ -313,17 +314,30 @@ def compiled_sde(model: DSLModel, a, device: str, peak: float | None, eager: dic
             first = time.perf_counter() - t0
             call = sde_call(model, pb, a, device, peak, compile=True)
             sde = whole("sde", model, pb, a, device, peak, compile=True)
+            t0 = time.perf_counter()
+            whole("remask", model, pb, SimpleNamespace(**{**vars(a), "reps": 1}), device, None, compile=True)
+            first_rm = time.perf_counter() - t0  # compiles (a second compile once the head's column count varies)
+            rm = whole("remask", model, pb, a, device, peak, compile=True)
             ref = eager.get(str(b), {})
-            same = None
-            if "sde" in ref:
-                x, y = torch.tensor(sde["ids"]), torch.tensor(ref["sde"]["ids"])
-                same = float((x == y).float().mean())
-            res[str(b)] = {"first_call_s": first, "call": call, "sde": sde, "identical_tokens_vs_eager": same,
-                           "call_speedup": ref["call"]["ms_per_call"] / call["ms_per_call"] if "call" in ref else None,
-                           "sde_speedup": ref["sde"]["s_per_sample"] / sde["s_per_sample"] if "sde" in ref else None}
-            say(f"  first call {first:.1f} s; {call['ms_per_call']:.2f} ms/call, {sde['s_per_sample']:.3f} s/sample"
-                + (f"; vs eager {res[str(b)]['call_speedup']:.2f}x per call, {res[str(b)]['sde_speedup']:.2f}x per "
-                   f"sample, {100 * same:.1f} % identical tokens" if same is not None and ref.get("call") else ""))
+
+            def same(kind: str, got: dict) -> float | None:
+                return float((torch.tensor(got["ids"]) == torch.tensor(ref[kind]["ids"])).float().mean()) \
+                    if kind in ref else None
+
+            def speedup(kind: str, key: str, got: dict) -> float | None:
+                return ref[kind][key] / got[key] if kind in ref else None
+
+            res[str(b)] = {"first_call_s": first, "call": call, "sde": sde, "identical_tokens_vs_eager": same("sde", sde),
+                           "call_speedup": speedup("call", "ms_per_call", call),
+                           "sde_speedup": speedup("sde", "s_per_sample", sde),
+                           "remask_first_run_s": first_rm, "remask": rm, "remask_speedup": speedup("remask", "s_per_sample", rm),
+                           "remask_identical_tokens_vs_eager": same("remask", rm)}
+            r = res[str(b)]
+            say(f"  first call {first:.1f} s; {call['ms_per_call']:.2f} ms/call, {sde['s_per_sample']:.3f} s/sample; "
+                f"remask first run {first_rm:.1f} s, {rm['s_per_sample']:.3f} s/sample"
+                + (f"; vs eager: SDE {r['call_speedup']:.2f}x per call, {r['sde_speedup']:.2f}x per sample, remask "
+                   f"{r['remask_speedup']:.2f}x per sample" if None not in (r["call_speedup"], r["sde_speedup"],
+                                                                       r["remask_speedup"]) else ""))
     return res
 
 
@@ -358,6 +372,11 @@ def markdown(r: dict, command: str) -> str:
                       f"{c['first_call_s']:.1f} s; SDE call {c['call']['ms_per_call']:.1f} ms ({_pct(c['call'].get('mfu'))} "
                       f"MFU, {_f(c.get('call_speedup'), 2)}x eager); whole sample {c['sde']['s_per_sample']:.3f} s "
                       f"({_f(c.get('sde_speedup'), 2)}x eager); tokens equal to eager's: {_pct(same)}."]
+        if "remask" in c:
+            lines += ["", f"torch.compile'd backbone (`RemaskConfig.compile`), batch {b}: first run (compiling) "
+                          f"{c['remask_first_run_s']:.1f} s; whole 16-step remasking sample {c['remask']['s_per_sample']:.3f} s "
+                          f"({_f(c.get('remask_speedup'), 2)}x eager); tokens equal to eager's: "
+                          f"{_pct(c.get('remask_identical_tokens_vs_eager'))}."]
     q = r.get("quantize")
     if q and "skipped" in q:
         lines += ["", f"int8: skipped ({q['skipped']})."]
@@ -482,7 +501,7 @@ def main() -> int:
                         + (f", MFU {100 * x['mfu']:.1f} %" if x.get("mfu") is not None else ""))
             res["peak_memory_bytes"] = memory_peak(a.device)
         if a.compile:
-            result["compiled"] = compiled_sde(model, a, a.device, peak, result["batches"], run)
+            result["compiled"] = compiled_runs(model, a, a.device, peak, result["batches"], run)
         if a.quantize == "int8":
             with run.part("int8 weight-only backbone"):
                 try:

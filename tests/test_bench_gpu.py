@@ -135,16 +135,20 @@ def test_compiled_part_compares_with_eager_of_the_same_run(monkeypatch):
     pb = bench_gpu.prompts(model, 1, P, "cpu")
     with torch.no_grad():
         eager = {"1": {"call": bench_gpu.sde_call(model, pb, a, "cpu", None),
-                       "sde": bench_gpu.whole("sde", model, pb, a, "cpu", None)}}
+                       "sde": bench_gpu.whole("sde", model, pb, a, "cpu", None),
+                       "remask": bench_gpu.whole("remask", model, pb, a, "cpu", None)}}
         assert seen == []
         result = {"errors": []}
-        res = bench_gpu.compiled_sde(model, a, "cpu", None, eager, bench_gpu.Run(result))
+        res = bench_gpu.compiled_runs(model, a, "cpu", None, eager, bench_gpu.Run(result))
     assert result["errors"] == [] and seen == [model.backbone]
     c = res["1"]
     assert c["identical_tokens_vs_eager"] == 1.0 and c["first_call_s"] > 0
     assert c["call_speedup"] == pytest.approx(eager["1"]["call"]["ms_per_call"] / c["call"]["ms_per_call"])
     assert c["sde_speedup"] == pytest.approx(eager["1"]["sde"]["s_per_sample"] / c["sde"]["s_per_sample"])
     assert c["sde"]["ids"] == eager["1"]["sde"]["ids"] and len(c["sde"]["ids"][0]) == R
+    assert c["remask_identical_tokens_vs_eager"] == 1.0 and c["remask"]["forward_passes"] == 16
+    assert c["remask_speedup"] == pytest.approx(eager["1"]["remask"]["s_per_sample"] / c["remask"]["s_per_sample"])
     md = bench_gpu.markdown({"config": {"preset": "small", "dtype": "float32"}, "environment": {}, "errors": [],
                              "batches": {}, "compiled": res}, "cmd")
     assert "torch.compile'd backbone (`SDEConfig.compile`), batch 1" in md and "tokens equal to eager's: 100.0 %" in md
+    assert "torch.compile'd backbone (`RemaskConfig.compile`), batch 1" in md

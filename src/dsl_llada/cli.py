@@ -108,7 +108,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.output:  # locked and checked before the model is loaded: nothing is written yet
         from .environment import environment_record
 
+        # an output written before a sampler field existed resumes while that field is at its default
         out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
+                              defaults={"config": type(config)().to_dict()},
                               protect=(a.prompts_file,),
                               environment=environment_record(device=device, dtype=dtype, seeds={"seed": a.seed,
                                                                                               "prompt_i": "seed + i"}))

@@ -387,8 +387,16 @@ class RemaskConfig(ConfigBase):
     cache_refresh: int = 0
     """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
     block's first call."""
+    compile: bool = False
+    """Run the backbone forward through `torch.compile` (compiled on the first call; the head's column count varies
+    from step to step, so a second compile makes it dynamic). Worth it on a GPU, where the eager forward at small
+    batches is launch-bound (docs/benchmarks.md, *On a GPU*); tokens are those of the eager model up to
+    floating-point rounding."""
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        _check(self.kv_cache == "off" or not self.compile,
+               f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
         check_number("steps", self.steps, lo=1, hi=MAX_NFE, integer=True,
                      reason="one forward pass per step (two with cfg_scale > 0); the paper uses at most 256")
         check_cache_options(self.kv_cache, self.cache_refresh)

@@ -55,13 +55,20 @@ ENVIRONMENT_KEYS = ("environment", "resumed_environments")
 """Keys of OUT.config.json that describe where records were made, not how: left out of the settings comparison."""
 
 
-def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """'field (old -> new)' for every field that differs, nested dicts flattened with dots."""
+def settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "",
+                  defaults: dict[str, Any] | None = None) -> list[str]:
+    """'field (old -> new)' for every field that differs, nested dicts flattened with dots. `defaults` (nested
+    like the settings): a field absent from `old` whose new value is its default is no difference (a field added
+    to a config since `old` was written, at the value that reproduces the old behaviour)."""
     out = []
+    defaults = defaults or {}
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
-            out += settings_diff(a, b, f"{prefix}{k}.")
+            sub = defaults.get(k)
+            out += settings_diff(a, b, f"{prefix}{k}.", sub if isinstance(sub, dict) else None)
+        elif k not in old and k in defaults and not isinstance(b, dict) and b == defaults[k]:
+            continue
         elif a != b:
             out.append(f"{prefix}{k} ({json.dumps(a)} -> {json.dumps(b)})")
     return out
@@ -88,10 +95,12 @@ class RecordFile:
     # -- checking (no writes) -------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, settings: dict[str, Any], *, overwrite: bool = False,
-             protect: tuple[str | Path, ...] = (), environment: dict[str, Any] | None = None) -> "RecordFile":
+             protect: tuple[str | Path, ...] = (), environment: dict[str, Any] | None = None,
+             defaults: dict[str, Any] | None = None) -> "RecordFile":
         """Check `path`, take its exclusive lock (creating it empty when missing) and read what is already done
         there under the lock. Writes nothing else; on a refusal the lock is released and a file this call created
-        is removed. Raises OutputError (a ValueError). Call `close` (or `finish`) when done."""
+        is removed. Raises OutputError (a ValueError). Call `close` (or `finish`) when done. `defaults`: see
+        `settings_diff` (settings a stored file may lack, at these values, and still be resumed)."""
         path = Path(path)
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
         # where records were made is not a setting (a caller passing a stored config.json back gives these too)
@@ -110,7 +119,7 @@ class RecordFile:
         try:
             flock_or_refuse(fd, _refusal(path))  # before reading or writing anything: a refused run changes nothing
             locked = True
-            rf = cls._open_locked(path, settings, overwrite=overwrite, environment=environment)
+            rf = cls._open_locked(path, settings, overwrite=overwrite, environment=environment, defaults=defaults)
         except BaseException:
             # the file this call created, still empty and ours (locked: no other run adopted it meanwhile) goes
             if created and locked:
@@ -124,7 +133,8 @@ class RecordFile:
 
     @classmethod
     def _open_locked(cls, path: Path, settings: dict[str, Any], *, overwrite: bool,
-                     environment: dict[str, Any] | None = None) -> "RecordFile":
+                     environment: dict[str, Any] | None = None,
+                     defaults: dict[str, Any] | None = None) -> "RecordFile":
         config_path = Path(str(path) + ".config.json")
         has_records = path.stat().st_size > 0
         if overwrite or not has_records:
@@ -137,7 +147,8 @@ class RecordFile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise OutputError(f"{str(config_path)!r} is unreadable ({e}); pass --overwrite to start {str(path)!r} "
                               f"again, or choose another file") from None
-        diff = (settings_diff({k: v for k, v in stored.items() if k not in ENVIRONMENT_KEYS}, settings)
+        diff = (settings_diff({k: v for k, v in stored.items() if k not in ENVIRONMENT_KEYS}, settings,
+                              defaults=json.loads(json.dumps(defaults or {})))
                 if isinstance(stored, dict) else ["(not a JSON object)"])
         if diff:
             raise OutputError(f"--output {str(path)!r} was made with different settings: {'; '.join(diff)}; "

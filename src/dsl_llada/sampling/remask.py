@@ -17,13 +17,13 @@ by one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone, with_positions
+from ..backbones.base import Backbone, Positions, compiled, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
 from ..numerics import denormals_flushed_during
@@ -67,6 +67,24 @@ def _context_limit(model: DiscreteModel) -> int | None:
             limit: int | None = obj.max_length
             return limit
     return None
+
+
+def _forward(model: DiscreteModel, compile: bool) -> Callable[..., torch.Tensor]:
+    """`logits_from_ids(ids, attention_mask, positions=...)` of the model; with `compile`, the same through the
+    `torch.compile`d backbone (`backbones.base.compiled`: built once, kept on the backbone)."""
+    if not compile:
+        return with_positions(model.logits_from_ids)
+    backbone = getattr(model, "backbone", model)
+    if not isinstance(backbone, Backbone):
+        raise ConfigError(f"compile=True needs a Backbone or a DSLModel (its backbone is compiled); "
+                          f"got {type(model).__name__}")
+    fn = compiled(backbone)
+
+    def forward(ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                positions: Positions = None) -> torch.Tensor:
+        return fn(backbone.embed(ids), attention_mask, positions=positions)  # as Backbone.logits_from_ids
+
+    return forward
 
 
 def _window_cache(model: DiscreteModel, config: RemaskConfig) -> WindowKVCache | None:
@@ -114,7 +132,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     attn = prompts.full_attention_mask(L)
     prompt_real = prompts.attention_mask.to(torch.bool)
     cache = _window_cache(model, config)
-    forward = ForwardCounter(cache if cache is not None else with_positions(model.logits_from_ids))
+    forward = ForwardCounter(cache if cache is not None else _forward(model, config.compile))
 
     blk = config.effective_block_length
     n_blocks = L // blk
