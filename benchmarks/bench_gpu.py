@@ -32,7 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from benchlib import block_flops_per_token, call_flops, clock, parse_args, run_environment
+from benchlib import block_flops_per_token, call_flops, clock, parse_args, run_environment, sync
 from bench_sampling import PRESETS
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
@@ -58,15 +58,10 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def timings(fn, device: str, reps: int, warmup: int = 1) -> list[float]:
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     return [clock(fn, device) for _ in range(reps)]
 
 
@@ -480,7 +475,7 @@ def main() -> int:
         memory_reset(a.device)
         t0 = time.perf_counter()
         model = build(a.preset, a.layers, a.device, dtype)
-        _sync(a.device)
+        sync(a.device)
         result["model"] = {**shape_of(model), "build_s": time.perf_counter() - t0, "weight_bytes": memory_now(a.device)}
         say(f"  built in {result['model']['build_s']:.1f} s, weights {_gib(result['model']['weight_bytes'])} GiB")
     if model is not None:

@@ -105,6 +105,7 @@ class RecordFile:
         settings = json.loads(json.dumps(settings))  # the JSON form is what gets compared with the stored one
         # where records were made is not a setting (a caller passing a stored config.json back gives these too)
         settings = {k: v for k, v in settings.items() if k not in ENVIRONMENT_KEYS}
+        defaults = json.loads(json.dumps(defaults or {}))  # compared in the same JSON form
         for p in protect:
             if p is not None and path.exists() and Path(p).exists() and os.path.samefile(path, p):
                 raise OutputError(f"--output {str(path)!r} is the input {str(p)!r}; choose another output file")
@@ -148,7 +149,7 @@ class RecordFile:
             raise OutputError(f"{str(config_path)!r} is unreadable ({e}); pass --overwrite to start {str(path)!r} "
                               f"again, or choose another file") from None
         diff = (settings_diff({k: v for k, v in stored.items() if k not in ENVIRONMENT_KEYS}, settings,
-                              defaults=json.loads(json.dumps(defaults or {})))
+                              defaults=defaults)
                 if isinstance(stored, dict) else ["(not a JSON object)"])
         if diff:
             raise OutputError(f"--output {str(path)!r} was made with different settings: {'; '.join(diff)}; "

@@ -182,20 +182,22 @@ StepCallback = Callable[[StepInfo], None]
 class LiveRows:
     """The rows of a sampler call that are still in its batch (rows leave through `StepInfo.drop`).
 
-    A sampler passes `rows` to each StepInfo, and after its callbacks calls `after(info)`: None when nothing was
-    dropped, else the positions (in this step's tensors) of the rows that stay, with which it index-selects its
-    per-row state. `expand` puts the final ids of the remaining rows back at their original positions.
+    A sampler passes `rows` to each StepInfo, and after its callbacks calls `after(info, rng)`: None when nothing
+    was dropped, else the positions (in this step's tensors) of the rows that stay, with which it index-selects
+    the rest of its per-row state (the generators' rows are already selected). `expand` puts the final ids of the
+    remaining rows back at their original positions.
     """
 
     def __init__(self, batch: int):
         self.batch = batch
         self.rows: list[int] = list(range(batch))
 
-    def after(self, info: StepInfo, device: torch.device | str | None = None) -> torch.Tensor | None:
+    def after(self, info: StepInfo, rng: RowRNG, device: torch.device | str | None = None) -> torch.Tensor | None:
         if not info.dropping:
             return None
         keep = [i for i, r in enumerate(self.rows) if r not in info.dropping]
         self.rows = [self.rows[i] for i in keep]
+        rng.select(keep)
         return torch.tensor(keep, dtype=torch.long, device=device)
 
     @property

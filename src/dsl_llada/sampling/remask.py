@@ -183,12 +183,11 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
                 time=_diffusion_time(step + 1, config.steps), committed=x[:, P:] != mask_id, newly_committed=newly,
                 logits=logits, window=(lo - P, hi - P), rows=live.rows)
             callback(info)
-            keep = live.after(info, device)
+            keep = live.after(info, rng, device)
             del info
             if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
                 x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
                 attn = None if attn is None else attn[keep]
-                rng.select(keep.tolist())
                 if cache is not None:
                     cache.select_rows(keep)
                 B = x.shape[0]

@@ -79,30 +79,32 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     temporaries stay under `LSE_CHUNK_BYTES`: at batch 8 x V = 32k a whole-tensor logsumexp allocates ~67 MB
     temporaries per step, which the allocator maps fresh (page faults) every time; small chunks reuse cached memory
     (docs/benchmarks.md, *Batching*)."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = max(1, LSE_CHUNK_BYTES // max(1, logits.shape[-1] * logits.element_size()))
-    if flat.shape[0] <= rows:
-        return torch.logsumexp(logits, dim=-1)
-    out = torch.empty(flat.shape[0], dtype=logits.dtype, device=logits.device)
-    for s in range(0, flat.shape[0], rows):
-        torch.logsumexp(flat[s: s + rows], dim=-1, out=out[s: s + rows])
-    return out.view(logits.shape[:-1])
+    return _row_sweep(logits, with_argmax=False)[1]
 
 
 def row_argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`logits.argmax(-1)`, `row_logsumexp(logits)`), bit for bit, in one sweep over row chunks of at most
-    `LSE_CHUNK_BYTES`: each chunk is read from memory once and reduced twice while it is in cache (at batch 8 the
-    block logits are 67 MB, far past the cache; two whole-tensor passes read them twice)."""
+    """(`logits.argmax(-1)`, `row_logsumexp(logits)`), bit for bit, in one sweep over the same row chunks: each
+    chunk is read from memory once and reduced twice while it is in cache (at batch 8 the block logits are 67 MB,
+    far past the cache; two whole-tensor passes read them twice)."""
+    idx, lse = _row_sweep(logits, with_argmax=True)
+    assert idx is not None
+    return idx, lse
+
+
+def _row_sweep(logits: torch.Tensor, *, with_argmax: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The last-dim argmax (when asked) and logsumexp of `logits`, over row chunks of at most `LSE_CHUNK_BYTES`."""
     flat = logits.reshape(-1, logits.shape[-1])
     rows = max(1, LSE_CHUNK_BYTES // max(1, logits.shape[-1] * logits.element_size()))
     if flat.shape[0] <= rows:
-        return logits.argmax(dim=-1), torch.logsumexp(logits, dim=-1)
-    idx = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device)
+        return (logits.argmax(dim=-1) if with_argmax else None), torch.logsumexp(logits, dim=-1)
+    idx = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device) if with_argmax else None
     lse = torch.empty(flat.shape[0], dtype=logits.dtype, device=logits.device)
     for s in range(0, flat.shape[0], rows):
-        torch.argmax(flat[s: s + rows], dim=-1, out=idx[s: s + rows])
+        if idx is not None:
+            torch.argmax(flat[s: s + rows], dim=-1, out=idx[s: s + rows])
         torch.logsumexp(flat[s: s + rows], dim=-1, out=lse[s: s + rows])
-    return idx.view(logits.shape[:-1]), lse.view(logits.shape[:-1])
+    lead = logits.shape[:-1]
+    return (None if idx is None else idx.view(lead)), lse.view(lead)
 
 
 def _uniform(rng: RowRNG, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -159,9 +159,8 @@ class _LiveDenoiser:
 
     def drop(self, live: LiveRows, info: StepInfo) -> torch.Tensor | None:
         """After the callbacks saw `info`: select the remaining rows (None when no row was dropped)."""
-        keep = live.after(info, self.current.context.device)
+        keep = live.after(info, self.rng, self.current.context.device)
         if keep is not None:
-            self.rng.select(keep.tolist())
             self.current = self.current.select_rows(keep)
         return keep
 

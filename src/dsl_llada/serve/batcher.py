@@ -251,7 +251,6 @@ class Batcher:
         linger, self._linger = self._linger, None
         if linger is None or linger[0] != key:
             return
-        assert self._wake is not None
         _, want, until = linger
         if len(self._compatible(key)) < want and not self.closing:
             self.linger_waits += 1
@@ -273,8 +272,9 @@ class Batcher:
     def _expect_after(self, batch: list[Job], seconds: float) -> None:
         """Set the linger after `batch` (which ran `seconds`): its live jobs' clients and the jobs queued meanwhile."""
         live = sum(not j.cancelled for j in batch)
-        want = min(self.max_batch, live + len(self._compatible(batch[0].key)))
-        if live == 0 or want <= len(self._compatible(batch[0].key)):
+        queued = len(self._compatible(batch[0].key))
+        want = min(self.max_batch, live + queued)
+        if live == 0 or want <= queued:
             self._linger = None
             return
         estimate = seconds / len(batch) * want  # run time of the next batch, from this one's per-row time
