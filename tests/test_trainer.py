@@ -555,3 +555,38 @@ def test_tensorboard_logging_and_optional_wandb(backbone_dir, tmp_path):
     except ImportError:
         with pytest.raises(ConfigError, match="wandb"):
             train(cfg.replace(logging="wandb", output_dir=str(tmp_path / "wb")), tokenizer=letters, texts=corpus())
+
+
+def test_demo_training_runs_with_deterministic_algorithms_and_restores_the_setting(monkeypatch):
+    """The toy demo's training steps run under torch.use_deterministic_algorithms (two 2-thread runs of its DSL
+    stage differed without it); the caller's setting is back afterwards, also when a step fails."""
+    import numpy as np
+
+    from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, demo_train, make_corpus
+    from helpers import tiny_dsl
+
+    world = ToyWorld(ToyWorldConfig(n_topics=2, max_sentences=2, gen_length=24))
+    tok = build_tokenizer(world)
+    examples = make_corpus(world, 8, "open", np.random.default_rng(0))
+    stage = demo_train.TrainStage(objective="dsl", steps=2, lr=5e-3, warmup=1, batch_size=4)
+    seen = []
+    real = demo_train._param_groups
+
+    def spying(model, st):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real(model, st)
+
+    monkeypatch.setattr(demo_train, "_param_groups", spying)
+    assert not torch.are_deterministic_algorithms_enabled()
+    curve = demo_train.run_stage(tiny_dsl(world.vocab_size, std=0.05), tok, examples, stage, seed=1, block_size=64,
+                                 gen_length=24, progress=False)
+    assert seen == [True] and len(curve) == 2 and not torch.are_deterministic_algorithms_enabled()
+
+    def failing(model, st):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo_train, "_param_groups", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        demo_train.run_stage(tiny_dsl(world.vocab_size, std=0.05), tok, examples, stage, seed=1, block_size=64,
+                             gen_length=24, progress=False)
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -55,6 +55,21 @@ def flush_denormals(enabled: bool = True) -> Iterator[bool]:
         torch.set_flush_denormal(previous)
 
 
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """`torch.use_deterministic_algorithms(True)` inside the block; the previous setting (and its warn-only flag)
+    is restored on exit. On the CPU some ops (in the DSL objective's backward) otherwise reduce in an order that
+    depends on thread timing: two 2-thread runs of the demo's DSL stage with the same seed differed from step 4,
+    and agree with this mode on (docs/toy-world.md)."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

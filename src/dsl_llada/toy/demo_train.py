@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigBase, ConfigError
+from ..numerics import deterministic_algorithms
 from ..utils import progress as progress_bar
 from .tasks import TaskExample, render_sft_example
 
@@ -70,7 +71,16 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
 
 def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
               block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train") -> list[float]:
-    """Train `model` in place for `stage.steps` steps; returns the loss curve."""
+    """Train `model` in place for `stage.steps` steps; returns the loss curve. Runs with deterministic algorithms
+    (`numerics.deterministic_algorithms`), so the same seed gives the same checkpoint on the same machine whatever
+    the thread timing (the demo trains on the CPU)."""
+    with deterministic_algorithms():
+        return _train(model, tokenizer, examples, stage, seed=seed, block_size=block_size, gen_length=gen_length,
+                      progress=progress, desc=desc)
+
+
+def _train(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
+           block_size: int, gen_length: int, progress: bool, desc: str) -> list[float]:
     from ..train.objectives import check_finite, get_objective
 
     ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
