@@ -61,6 +61,10 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     p = Path(name_or_path)
     if p.is_dir():
         return p
+    if p.exists():
+        parent = str(p.parent)
+        raise CheckpointError(f"{name_or_path!r} is a file, not a model folder; give the folder that holds config.json "
+                              f"and the weights (e.g. {parent!r})")
     if not allow_download:
         raise CheckpointError(f"checkpoint folder {name_or_path!r} does not exist (to fetch a Hugging Face hub id instead, "
                               f"pass --allow-download)")
