@@ -22,6 +22,7 @@ from .backbones.base import Backbone, CheckpointError
 from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
 from .model import DSLModel
+from .utils import not_text
 
 __all__ = ["DTYPES", "DTYPE_CHOICES", "auto_dtype", "check_device", "check_tokenizer_files", "check_prompt_lengths",
            "check_prompt_texts", "context_limit", "default_device", "encode_messages", "encode_prompt", "load_model",
@@ -267,19 +268,6 @@ def check_prompt_texts(prompts: Sequence[str]) -> None:
         if bad:
             raise ValueError(f"prompt {i} (counting from 0 in the order given) is not valid text: {bad}")
 
-
-def not_text(text: str) -> str | None:
-    """Why `text` cannot be encoded as UTF-8 (it holds a lone surrogate), or None. A surrogate U+DC80..U+DCFF is
-    how Python spells an invalid byte of the command line."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(text[e.start])
-        origin = (f"the invalid UTF-8 byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF
-                  else f"a \\u{code:04x} escape")
-        return (f"character {e.start} is the lone surrogate U+{code:04X} ({origin}), which is not text; "
-                f"give the prompt as UTF-8 text")
-    return None
 
 
 def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | None, gen_length: int) -> None:

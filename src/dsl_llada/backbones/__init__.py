@@ -44,6 +44,8 @@ def load_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, devic
     """Load a backbone folder by local path (hub downloads are the caller's choice: see `resolve_model_path`)."""
     path = Path(path)
     cfg = read_json(path / "config.json", "model config")
+    if not isinstance(cfg.get("model_type", ""), str):
+        raise CheckpointError(f"{path}/config.json: model_type={cfg['model_type']!r} must be a string such as 'llada'")
     model_type = str(cfg.get("model_type", "")).lower()
     loader = _LOADERS.get(model_type)
     if loader is None and model_type == "dream":
