@@ -308,12 +308,15 @@ def check_prompt_chars(prompts: Sequence[str], tokenizer: Any, *, context: int |
     if context is None or chars is None:
         return
     room = context - gen_length
+    if room < 1:
+        raise ValueError(f"gen_length {gen_length} exceeds the model's context of {context}, which leaves no room for "
+                         f"a prompt; reduce --gen-length to at most {context - 1}")
     for i, p in enumerate(prompts):
         least = -(-len(p) // chars)
         if least > room:
             raise ValueError(f"prompt {i} is too long: its {len(p):,} characters are at least {least:,} tokens (no "
                              f"token of this tokenizer spells more than {chars} characters), and the model's context "
-                             f"of {context} leaves {max(room, 0)} tokens after gen_length {gen_length}; shorten it")
+                             f"of {context} leaves {room} tokens after gen_length {gen_length}; shorten it")
 
 
 def _prompt_of(obj: Any, field: str, where: str) -> str:
