@@ -124,7 +124,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def _run_generate(a: argparse.Namespace, config: SamplerConfig, prompts: list[str], dtype: str, device: str,
                   out: Any) -> int:
     from .generation import NonFiniteLogitsError, generate
-    from .loading import check_prompt_lengths, context_limit, encode_prompt, load_model, load_tokenizer, parse_dtype
+    from .loading import check_prompt_chars, check_prompt_lengths, context_limit, encode_prompt, load_model, \
+        load_tokenizer, parse_dtype
 
     model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
     if a.quantize != "none":
@@ -132,6 +133,7 @@ def _run_generate(a: argparse.Namespace, config: SamplerConfig, prompts: list[st
 
         quantize_backbone(model, a.quantize)
     tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
+    check_prompt_chars(prompts, tok, context=context_limit(model), gen_length=config.gen_length)
     encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
                for p in prompts]
     check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batcher import DONE, Job, NeverFits, QueueFull, RequestTimeout, ShuttingDown
 from .limits import Limits
@@ -93,6 +94,11 @@ def create_app(model, tokenizer, *, model_name: str = "dsl-llada", max_batch: in
         msgs = list(dict.fromkeys(str(e.get("msg")) for e in exc.errors()
                                   if validation_error_param(tuple(e.get("loc", ()))) == param))
         return _error(400, f"invalid value for {param!r}: {'; or: '.join(msgs)}", "invalid_request_error", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):  # e.g. a body that is not UTF-8
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return _error(exc.status_code, detail, "invalid_request_error", headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError):
