@@ -9,7 +9,7 @@ the summarisation ROUGE-L (each with its 95 % bootstrap interval over prompts) a
 exact fp32 sampler's, against samples per second. Variants are timed in interleaved rounds (median per variant).
 Writes OUT/cache_frontier/: runs.jsonl (one line per variant and round, appended as each finishes; a rerun
 resumes), samples.jsonl (round 1's outputs), frontier.md (the table and the recommended points) and frontier.png.
-The report (table, recommendation, plot) is `frontier_report.py`.
+The report (table, recommendation, plot) and its writer are `frontier_report.py`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 
 from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..loading import DTYPES
+from ..model import cast_for_inference
 from ..sampling.batches import run_batches
-from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
 from ..fingerprints import sampling_key
 from .evaluate import aggregate, score_record
@@ -178,8 +178,6 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
         if v.dtype == "float32":
             return models[v.model]
         if (v.model, v.dtype) not in cast:  # a copy: the caller's fp32 models stay as they are
-            from .demo import cast_for_inference
-
             cast[v.model, v.dtype] = cast_for_inference(copy.deepcopy(models[v.model]), DTYPES[v.dtype]).eval()
         return cast[v.model, v.dtype]
 
@@ -252,11 +250,3 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
 def is_exact(row: dict[str, Any]) -> bool:
     """A frontier row of an exact sampler: no cache, fp32 backbone, dense converter."""
     return row["mode"] == "off" and row.get("dtype", "float32") == "float32" and not row.get("tolerance")
-
-
-def write_frontier(rows, fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
-    from .frontier_report import plot_frontier, render_frontier
-
-    out = Path(out)
-    atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
-    plot_frontier(rows, out / "frontier.png")

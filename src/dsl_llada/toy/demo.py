@@ -29,11 +29,11 @@ from ..config import ConfigBase, ConverterConfig, DSLConfig
 from ..environment import environment_footer, environment_record, finish_record
 from ..loading import DTYPES
 from ..eval.report import markdown_table, pivot, plot_nfe_curves
-from ..model import DSLModel
+from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
 from .evaluate import CONTROL_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, score_record
-from .cache_frontier import FrontierConfig, run_frontier, write_frontier
-from .frontier_report import recommendation_lines
+from .cache_frontier import FrontierConfig, run_frontier
+from .frontier_report import recommendation_lines, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
@@ -132,12 +132,6 @@ def verify_checksums(folder: Path) -> str | None:
 
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
-    fp32; a bare backbone is cast whole)."""
-    return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)
 
 
 def _special(tok) -> SpecialTokens:

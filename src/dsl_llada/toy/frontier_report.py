@@ -14,7 +14,7 @@ from typing import Any
 
 from ..eval.report import markdown_table
 from ..stats import format_interval, separated
-from ..utils import save_figure
+from ..utils import atomic_write_text, save_figure
 from .cache_frontier import SAMPLERS, FrontierConfig, is_exact
 
 QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"), ("summarize", "rougeL", "ROUGE-L"))
@@ -161,3 +161,10 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                  fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
+
+
+def write_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
+    """OUT/frontier.md (the table and the recommended points) and OUT/frontier.png."""
+    out = Path(out)
+    atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
+    plot_frontier(rows, out / "frontier.png")
