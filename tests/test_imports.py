@@ -139,3 +139,20 @@ def test_the_import_graph_has_no_cycle():
     assert {"dsl_llada.model", "dsl_llada.toy.frontier_report"} <= graph["dsl_llada.toy.demo"]  # relative, top level
     assert "dsl_llada.outputs" in graph["dsl_llada.toy.demo"]  # imported inside a function
     assert find_cycles(graph) == []
+
+
+def test_the_graph_sees_a_cycle_made_only_of_function_level_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .b import g\n")
+    (pkg / "a.py").write_text("def f():\n    from .sub.b import g\n    return g\n")
+    (pkg / "sub" / "b.py").write_text("def g():\n    from ..a import f\n    return f\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+                              "from .sub import g\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == {"pkg.sub"}  # the TYPE_CHECKING import is not an edge
+    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+    (pkg / "a.py").write_text("def f():\n    return 1\n")
+    assert find_cycles(import_graph(pkg, "pkg")) == []
