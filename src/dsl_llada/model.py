@@ -228,7 +228,7 @@ class DSLModel(nn.Module):
         return model
 
 
-def cast_for_inference(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+def cast_for_inference(model: DSLModel | Backbone, dtype: torch.dtype) -> DSLModel | Backbone:
     """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
     fp32, `DSLModel.to_compute_dtype`; a bare backbone is cast whole)."""
     return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)

@@ -296,7 +296,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
                 idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == p), None)
                 if idx is None and p.isdigit() and int(p) < len(node):
                     idx = int(p)
-                _check(idx is not None, f"override {item!r}: no list element named or numbered {p!r}")
+                if idx is None:
+                    raise ConfigError(f"override {item!r}: no list element named or numbered {p!r}")
                 if last:
                     node[idx] = parse_override_value(raw.strip())
                 else:
@@ -320,8 +321,9 @@ def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, 
     return EvalConfig.from_dict(apply_overrides(data, list(overrides)))
 
 
-def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ between two config dicts (lists compared element-wise)."""
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ between two config dicts (lists compared element-wise; any other
+    values compared as they are)."""
     out: list[str] = []
     if isinstance(old, dict) and isinstance(new, dict):
         for k in sorted(set(old) | set(new)):

@@ -105,8 +105,8 @@ def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, 
             corrupted, positions = corrupt_random_tokens(ids, rate, seed + int(tid), low=low, high=high)
         else:
             rng = np.random.default_rng(seed + int(tid))
-            corrupted, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
-            positions = pos.tolist()
+            drawn, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
+            corrupted, positions = drawn.tolist(), pos.tolist()
         cases.append(CorrectionCase(tid, tuple(ids), tuple(int(x) for x in corrupted),
                                     {"rate": rate, "positions": positions}))
     return cases

@@ -375,7 +375,7 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
             continue
         if r.get("error"):
             continue
-        info = r.get("info") if isinstance(r.get("info"), dict) else {}
+        info: dict[str, Any] = r["info"] if isinstance(r.get("info"), dict) else {}
         text = next((r[f] for f in TEXT_FIELDS if isinstance(r.get(f), str)), None)
         ref = r.get("reference", info.get("reference"))
         sid = r.get("sample_id", r.get("id"))

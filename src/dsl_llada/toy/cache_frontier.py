@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
-from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
+from ..config import CACHE_MODES, CacheMode, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..loading import DTYPES
-from ..model import cast_for_inference
-from ..sampling.batches import run_batches
+from ..backbones.base import Backbone
+from ..model import DSLModel, cast_for_inference
 from ..utils import progress as progress_bar
 from ..fingerprints import sampling_key
-from .evaluate import aggregate, score_record
+from .evaluate import aggregate, sampled_rows, score_record
 from .sweep import OPEN_KEYS, SUM_KEYS, append_rows, model_fingerprint, read_rows, task_metrics
 from .tasks import render_prompt
 
@@ -102,7 +101,7 @@ class Variant:
     backbone dtype and one converter tolerance."""
 
     sampler: str
-    mode: str
+    mode: CacheMode
     """'off' (no cache) or a cache mode."""
     refresh: int
     dtype: str = "float32"
@@ -164,7 +163,7 @@ def _key(v: Variant, cfg: SDEConfig | RemaskConfig, model_id: str | dict, fc: Fr
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples, out: Path, fc: FrontierConfig, *,
+def run_frontier(models: dict[str, DSLModel | Backbone], world, tokenizer, examples, out: Path, fc: FrontierConfig, *,
                  gen_length: int, progress: bool = True, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Sample, score and time every variant for `fc.rounds` interleaved rounds; returns one row per variant."""
     out = Path(out)
@@ -172,9 +171,9 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     runs_path = out / "runs.jsonl"
     ids = {name: sampling_key(model_fingerprint(m), tokenizer) for name, m in models.items()}  # + tokenizer, code
     plan = [(v, v.config(fc, gen_length)) for v in variants(fc)]
-    cast: dict[tuple[str, str], torch.nn.Module] = {}
+    cast: dict[tuple[str, str], DSLModel | Backbone] = {}
 
-    def model_for(v: Variant) -> torch.nn.Module:
+    def model_for(v: Variant) -> DSLModel | Backbone:
         if v.dtype == "float32":
             return models[v.model]
         if (v.model, v.dtype) not in cast:  # a copy: the caller's fp32 models stay as they are
@@ -190,10 +189,8 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     for rnd, v, cfg in progress_bar(todo, desc="cache frontier", enabled=progress):
         model = model_for(v)
         t = time.perf_counter()
-        outputs: list[list[int]] = []
-        for rows in run_batches(model, prompt_ids, cfg, batch_size=fc.batch_size, retry=False,
-                                seed_of=lambda i: fc.seed * 100_003 + i):
-            outputs += [r.ids for r in rows]
+        outputs = [out.ids[r.row].tolist() for r, out in sampled_rows(model, prompt_ids, cfg, batch_size=fc.batch_size,
+                                                                       seed_of=lambda i: fc.seed * 100_003 + i)]
         seconds = time.perf_counter() - t
         row: dict[str, Any] = {"key": keys[v], "round": rnd, "sampler": v.sampler, "mode": v.mode,
                                "refresh": v.refresh, "dtype": v.dtype, "tolerance": v.tolerance, "label": v.label,

@@ -137,7 +137,7 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                 xerr = [[x - 1 / r["seconds_max"]], [1 / r["seconds_min"] - x]]
                 yerr = None if ci is None else [[max(y - ci[0], 0.0)], [max(ci[1] - y, 0.0)]]
                 marker = "^" if r.get("tolerance") else "o"
-                ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=colors.get(r.get("dtype"), "k"),
+                ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=colors.get(str(r.get("dtype")), "k"),
                             ms=5, capsize=2, lw=0.8, mfc="none" if r["mode"] != "off" else None)
                 if r is best.get(sampler):
                     ax.plot([x], [y], "*", ms=16, mfc="none", mec="k", mew=1.2, label="recommended")

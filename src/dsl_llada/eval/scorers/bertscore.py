@@ -84,7 +84,7 @@ class BERTScorer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         keys = [hashlib.sha256((c + "\x00" + r).encode("utf-8")).hexdigest() for c, r in zip(cands, refs)]
-        todo = {}
+        todo: dict[str, tuple[str, str]] = {}
         for k, c, r in zip(keys, cands, refs):
             if k not in self._cache:
                 todo.setdefault(k, (c, r))

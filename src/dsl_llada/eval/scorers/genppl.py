@@ -145,10 +145,11 @@ class CausalLMScorer:
         self.max_words = max_words
         self.add_bos = bool(add_bos)
         self._dtype = dtype
-        self._model, self._tokenizer = (model, tokenizer) if model is not None and tokenizer is not None else (None, None)
+        self._model: Any = model if model is not None and tokenizer is not None else None
+        self._tokenizer: Any = tokenizer if self._model is not None else None
         if self._model is None:  # loaded on the first text that is not in the cache (shared per process)
             self._check_location()
-        self._bos = None
+        self._bos: int | None = None
         self.forward_calls = 0
         """Number of batched forward passes run so far (cache hits run none)."""
         self._cache: dict[str, tuple[float, int]] = {}
@@ -175,7 +176,8 @@ class CausalLMScorer:
         check_causal_lm_type(self.path, config.model_type)
         if self.gguf_file is None:
             kw["use_safetensors"] = True
-        model, info = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, output_loading_info=True, **kw)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, output_loading_info=True, **kw)
+        model, info = loaded  # (model, loading info) with output_loading_info
         missing = list(info.get("missing_keys") or [])
         if missing:  # e.g. an encoder (BERT) folder loaded into its LM-head class: the head would be random
             raise ScorerError(f"{self.path} is not a causal LM checkpoint: {len(missing)} weights of "

@@ -51,7 +51,7 @@ def _seed_values(recs: list[dict[str, Any]], ppl: dict[str, tuple[float, int]] |
     out: dict[str, float | None] = {}
     if ppl is not None:
         out["genppl"] = gen_ppl([ppl[ppl_text(t)] for t in texts if t.strip()], mode=mode)
-    out.update({k: None if g[k] is None else float(g[k]) for k in ("d2", "rep", "len")})
+    out.update({k: None if (v := g[k]) is None else float(v) for k in ("d2", "rep", "len")})
     return out
 
 

@@ -48,12 +48,14 @@ class ReasoningTask(SamplingTask):
             q, gold = row.get(qf), row.get(gf)
             if not isinstance(q, str) or not q.strip() or gold is None or str(gold).strip() == "":
                 continue
-            gold = gold_authors = str(gold)
+            gold = str(gold)
+            gold_authors: str | None = gold
             if kind == "math" and gf == "solution":  # each mode extracts the gold its own way
                 from ..answers import extract_math_gold
 
-                gold = extract_math_gold(gold_authors) or ""
-                gold_authors = extract_math_gold(gold_authors, "authors")
+                solution = gold
+                gold = extract_math_gold(solution) or ""
+                gold_authors = extract_math_gold(solution, "authors")
             out.append(Sample(row_id(ds, row, i, idf), i, template.replace("{text}", q), True,
                               {"gold": gold, "gold_authors": gold_authors, "kind": kind}))
         return check_usable(ds, out, len(rows), f"rows need a non-empty {qf!r} and {gf!r}")

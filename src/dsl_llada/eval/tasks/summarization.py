@@ -77,7 +77,7 @@ class SummarizationTask(SamplingTask):
             if pf:
                 prompt = row.get(pf)
             else:
-                text = row.get(tf)
+                text = None if tf is None else row.get(tf)
                 prompt = template.replace("{text}", " ".join(text.split()[:MAX_SOURCE_WORDS])
                                           if isinstance(text, str) and len(text.split()) > MAX_SOURCE_WORDS else text) \
                     if isinstance(text, str) else None
