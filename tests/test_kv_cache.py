@@ -1,4 +1,4 @@
-"""Approximate key/value caching (issue 13, item 5): the backbone's cached forward, the window cache's refresh
+"""Approximate key/value caching: the backbone's cached forward, the window cache's refresh
 rule, the samplers' cache options (R = 1 is exact) and the toy world's cache frontier."""
 
 from __future__ import annotations
