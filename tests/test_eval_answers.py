@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from eval_fixtures import find_data
 
 from dsl_llada.eval import answers as A
 
 
-def _data_dir() -> Path | None:
-    for d in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")):
-        if (d / "gsm8k_100.jsonl").exists():
-            return d
-    return None
-
-
-DATA = _data_dir()
-needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data (gsm8k_100.jsonl, math_100.jsonl) not found")
+DATA = find_data("gsm8k_100.jsonl", "math_100.jsonl")
+needs_data = pytest.mark.skipif(DATA is None, reason="the evaluation data (gsm8k_100.jsonl, math_100.jsonl) is not present")
 
 
 def _rows(name: str) -> list[dict]:
@@ -113,7 +106,8 @@ def test_boxed_nesting():
 
 
 def test_math_gold_nested_in_both_modes_but_prediction_not():
-    """official-impl §5.8: the authors' *gold* extraction is nested-brace aware, their *prediction* regex is not."""
+    """Authors mode's *gold* extraction counts nested braces, its *prediction* regex does not (docs/provenance.md
+    §5.8, §9)."""
     sol = r"Hence $\cos 30^\circ = \boxed{\frac{\sqrt{3}}{2}}$."
     assert A.extract_math_gold(sol) == r"\frac{\sqrt{3}}{2}"
     gold_a = A.extract_math_gold(sol, mode="authors")

@@ -13,7 +13,7 @@ The wrapped model's top-level children are adopted as this module's own children
 out of ``state_dict()``, as ``save_pretrained`` leaves them out of the file).
 
 `DreamBackbone` runs Dream-v0 (Qwen2 architecture, model_type "Dream") on ``transformers.Qwen2ForCausalLM``
-and undoes Dream's one-position logit shift (llada-arch.md §3.3) so that ``logits[:, i]`` predicts token i.
+and undoes Dream's one-position logit shift (docs/provenance.md §8.3) so that ``logits[:, i]`` predicts token i.
 
 Everything loads from local folders only (config.json + safetensors; never pickles, never remote code, never
 the hub: downloading is the caller's explicit choice, see `backbones.resolve_model_path`).

@@ -1,6 +1,6 @@
 """Native LLaDA implementation (no remote code) that reads Hugging Face LLaDA checkpoints as published.
 
-Forward math (llada-arch.md §2.3): pre-norm blocks with RMSNorm computed in fp32 (cast back, then scaled),
+Forward math (docs/provenance.md §8.2): pre-norm blocks with RMSNorm computed in fp32 (cast back, then scaled),
 separate q/k/v projections, RoPE (rotate-half, theta from config) in fp32 on all head dims, fully
 bidirectional SDPA with an optional padding mask, SwiGLU-style MLP with SiLU on `ff_proj` times `up_proj`,
 final `ln_f`, untied LM head `ff_out` (or `wte` when weight_tying). Parameter names equal the checkpoint keys

@@ -12,14 +12,14 @@
   both parse as plain numbers or simple fractions are compared as numbers. An empty answer (or an empty gold)
   is never correct.
 
-``mode="authors"`` reproduces the authors' ``eval_reasoning.py`` exactly, flaws included (official-impl.md
-§5.8): GSM8K takes the *first* ``####`` match of the pattern ``[+-]?[\\d,]+\\.?\\d*`` (a lone comma counts as a
-number, so "Hello, world" extracts ""), commas removed; both sides go through the same string normalisation
-(strip, lower-case, drop ``, $ %`` and spaces, strip trailing periods) and are compared as strings, so
-``3.0 != 3`` and an empty prediction equals an empty gold. MATH uses a regex that tolerates one level of
-nested braces in *predictions* (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing; golds use a brace-counting
-scanner, :func:`authors_last_boxed`) and an "answer is" fallback
-that stops at the first period ("answer is 3.14" gives "3").
+``mode="authors"`` reproduces the authors' ``eval_reasoning.py``, flaws included (docs/provenance.md §5.8; §9 lists
+the two gold extractions that still differ): GSM8K takes the *first* ``####`` match of the pattern
+``[+-]?[\\d,]+\\.?\\d*`` (a lone comma counts as a number, so "Hello, world" extracts ""), commas removed; both sides
+go through the same string normalisation (strip, lower-case, drop ``, $ %`` and spaces, strip trailing periods) and
+are compared as strings, so ``3.0 != 3`` and an empty prediction equals an empty gold. MATH uses a regex that
+tolerates one level of nested braces in *predictions* (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing; golds use a
+brace-counting scanner, :func:`authors_last_boxed`) and an "answer is" fallback that stops at the first period
+("answer is 3.14" gives "3").
 
 Pure functions: no model, no I/O.
 """
@@ -149,9 +149,9 @@ def gsm8k_gold(gold_text: str, mode: str = "default") -> str:
 
     Default: the rest of the line after the first ``####`` when present (the dataset's ``answer`` field), else
     the whole string (an already-extracted ``gold_answer``); stripped, commas removed.
-    Authors (official-impl §5.8, "gold GSM8K = text after ####"): the text after the last ``####``
-    (``split("####")[-1]``), stripped, commas kept (their comparison normalises them away); without ``####``
-    the gold text itself, stripped (their data files carry the extracted ``gold_answer``).
+    Authors (docs/provenance.md §5.8; the authors' code takes the first ``####``, §9): the text after the last
+    ``####`` (``split("####")[-1]``), stripped, commas kept (their comparison normalises them away); without
+    ``####`` the gold text itself, stripped (their data files carry the extracted ``gold_answer``).
     """
     _check_mode(mode)
     if mode == "authors":
@@ -228,9 +228,9 @@ def extract_math(text: str, mode: str = "default") -> str | None:
 
 
 def authors_last_boxed(solution: str) -> str:
-    """The authors' gold extraction for MATH (official-impl §5.8: "last boxed in solution, nested-brace aware"):
-    the content of the last ``\\boxed{`` with braces counted (no escape handling, no ``\\fbox``), stripped;
-    ``""`` when there is none or its braces never close."""
+    """Authors mode's gold extraction for MATH (docs/provenance.md §5.8; the authors' code uses the prediction's
+    one-level regex instead, §9): the content of the last ``\\boxed{`` with braces counted (no escape handling, no
+    ``\\fbox``), stripped; ``""`` when there is none or its braces never close."""
     start = solution.rfind("\\boxed{")
     if start < 0:
         return ""
@@ -246,7 +246,7 @@ def authors_last_boxed(solution: str) -> str:
 def extract_math_gold(solution: str, mode: str = "default") -> str | None:
     """The gold answer of a MATH solution: the last boxed expression with balanced braces (default: also
     ``\\fbox``, escaped braces skipped, ``None`` when there is none; authors: :func:`authors_last_boxed`, ``""``
-    when there is none). Unlike the *prediction* regex, the authors' gold extraction is nested-brace aware, so
+    when there is none). Both modes count nested braces here, unlike authors mode's *prediction* regex, so
     ``\\boxed{\\frac{\\sqrt{3}}{2}}`` gives ``\\frac{\\sqrt{3}}{2}`` in both modes."""
     _check_mode(mode)
     if mode == "authors":

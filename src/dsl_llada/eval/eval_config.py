@@ -71,7 +71,7 @@ class DatasetSpec(ConfigBase):
     name: str
     """Name used in work-item keys and tables (e.g. 'xsum', 'gsm8k_100')."""
     path: str
-    """The data file. The package ships no data: point at your own copy (e.g. shared/data/summ_xsum.jsonl)."""
+    """The data file. The package ships no data: point at your own copy (e.g. data/summ_xsum.jsonl)."""
     kind: str | None = None
     """Protocol variant: summarization 'xsum'|'cnndm'|'pubmed'|'arxiv'; reasoning 'gsm8k'|'math'; generation
     'prompts'|'prefix'. None = inferred from `name`/`path`."""

@@ -1,4 +1,4 @@
-"""Error correction (paper T1, official-impl §5.1): Fix / Clean after one forward pass over a corrupted text.
+"""Error correction (paper T1, docs/provenance.md §5.1): Fix / Clean after one forward pass over a corrupted text.
 
 A *case* is a pair of equal-length id sequences (original, corrupted). The model reads the corrupted ids once,
 the prediction is the argmax at every position, and per case

@@ -1,4 +1,4 @@
-"""Pairwise LLM-as-judge for summaries (the paper's judge table; protocol: official-impl §5.7).
+"""Pairwise LLM-as-judge for summaries (the paper's judge table; protocol: docs/provenance.md §5.7).
 
 Two runs of the same dataset at the same NFE are paired by sample id; the common ids are shuffled with
 `random.Random(seed)` (seed 42 in the paper) and the first `n` kept. The same RNG then draws, per sample, a swap bit
@@ -189,7 +189,7 @@ def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
 
     robust: scan every '{' and decode the JSON value starting there; return the first object with all fields
     (scores 1-5 on every axis, verdict A/B/tie in any case).
-    authors (official-impl §5.7, "parse first {...}"): the greedy span from the first '{' to the last '}' must
+    authors (docs/provenance.md §5.7): the greedy span from the first '{' to the last '}' must
     decode as a JSON object whose "overall" is exactly "A", "B" or "tie" (case and spacing as written); nothing
     else is checked — the scores are kept as given (numbers only) for the per-axis means.
     """

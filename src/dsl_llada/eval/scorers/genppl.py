@@ -1,6 +1,6 @@
 """GenPPL: perplexity of generated texts under a local causal LM (any Hugging Face causal LM folder, or a GGUF).
 
-Protocol (official-impl.md §5.4, the authors' ``compute_metrics_batch.py``):
+Protocol (docs/provenance.md §5.4, the authors' ``compute_metrics_batch.py``):
 
 * the scored text is the **generated response only** (no prompt); it is first cut to its first ``max_words``
   (128) whitespace words and re-joined with single spaces;
@@ -345,7 +345,7 @@ def gen_ppl(nlls: Sequence[tuple[float, int]], *, mode: str = "default") -> floa
     """Aggregate GenPPL over texts from ``(nll_sum, n_tokens)`` pairs (texts with 0 tokens are skipped).
 
     ``default``: token-weighted, exp(sum of NLL / total scored tokens). ``authors``: exp(mean over texts of
-    each text's mean NLL) (official-impl §3.3 #21). ``None`` when no token was scored.
+    each text's mean NLL) (docs/provenance.md §3.3 #21). ``None`` when no token was scored.
     """
     if mode not in ("default", "authors"):
         raise ValueError(f"mode must be one of ('default', 'authors'), got {mode!r}")

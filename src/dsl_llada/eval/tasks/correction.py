@@ -1,4 +1,4 @@
-"""Error correction as a task (paper T1, official-impl §5.1), wrapping `dsl_llada.eval.fix_clean`.
+"""Error correction as a task (paper T1, docs/provenance.md §5.1), wrapping `dsl_llada.eval.fix_clean`.
 
 Dataset kinds:
 * `random` (e.g. wikitext_texts_100): random-token corruption at each rate in `rates` (default 10/30/50 %); the

@@ -1,4 +1,4 @@
-"""Open-ended generation (official-impl §5.4): prompts (chat template; prompts_200, long-form = first 100 at gen
+"""Open-ended generation (docs/provenance.md §5.4): prompts (chat template; prompts_200, long-form = first 100 at gen
 512/1024 via `limit`/`gen_length`) and WikiText prefix continuation (raw prefix, no template).
 
 Per item: words, per-text Rep, failure tags. Per (dataset, method, NFE): GenPPL from a local causal LM (each text

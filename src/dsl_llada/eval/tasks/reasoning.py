@@ -1,4 +1,4 @@
-"""GSM8K and MATH with the paper's prompts (official-impl §5.8) and answer scoring in both modes.
+"""GSM8K and MATH with the paper's prompts (docs/provenance.md §5.8) and answer scoring in both modes.
 
 Per item the record holds the extracted answer and whether it is correct in the default mode and in the
 authors' mode (so one run reports both); the summary's accuracy uses the run's `scoring_mode`.

@@ -1,4 +1,4 @@
-"""Wall time per sample (the paper's wall-time table; official-impl §5.9), as an evaluation task.
+"""Wall time per sample (the paper's wall-time table; docs/provenance.md §5.9), as an evaluation task.
 
 The prompts are a fixed subset of each dataset (numpy RandomState(42) choice of `n_prompts` rows, 20 by default) read
 with the protocol of the `source` task (summarization by default, as the paper: its prompts and generation lengths).
@@ -10,7 +10,7 @@ plots seconds per sample against NFE with the autoregressive baselines as horizo
 
 Task options: `n_prompts` (20), `source` ('summarization' | 'generation' | 'reasoning').
 
-Protocol (official-impl §5.9): batch size 1, the model loaded once, one warm-up call per method, the device
+Protocol (docs/provenance.md §5.9): batch size 1, the model loaded once, one warm-up call per method, the device
 synchronised before and after every sample, median and mean seconds per sample. Throughput counts *generated* tokens
 only (the response up to its first EOS/EoT — never the prompt, never padding). Diffusion methods run through this
 project's samplers; the autoregressive baselines through any local Hugging Face causal LM's greedy `generate` with
