@@ -1,6 +1,6 @@
 """This project's samplers against a plain restatement of the authors' per-call work, same model, same noise.
 
-The restatements below are written from the facts in reference/official-impl.md (§3.1 for the SDE, §4.1 for
+The restatements below are written from the facts in docs/provenance.md (§3.1 for the SDE, §4.1 for
 LLaDA's generate() loop), not copied code. Per call they do what the authors' code does:
   SDE:     dense converter softmax(beta zK^T + b) W^T + c over all V+1 slots, the backbone's output head over every
            position (prompt included) then the response sliced out, a full softmax over V, top-M of the

@@ -1,6 +1,6 @@
 """Measure how often the `default` and `authors` answer-scoring modes disagree on the shipped GSM8K / MATH data.
 
-Usage: python scripts/answer_mode_agreement.py [DATA_DIR]   (default: ../shared/data next to the repo)
+Usage: python scripts/answer_mode_agreement.py DATA_DIR   (the evaluation data folder)
 Prints a Markdown table (the one in docs/evaluation.md, section "Scoring").
 """
 
@@ -26,7 +26,9 @@ def row(name: str, pairs: list[tuple[str, str]], fn) -> str:
 
 
 def main() -> None:
-    data = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit(f"usage: python scripts/answer_mode_agreement.py DATA_DIR (the evaluation data folder); got {sys.argv[1:]}")
+    data = Path(sys.argv[1])
     gsm_test = load(data / "gsm8k_test.jsonl")
     gsm_full = load(data / "gsm8k_full.jsonl")
     gsm100 = load(data / "gsm8k_100.jsonl")

@@ -1,6 +1,6 @@
 """Build the tiny local model and task of the lm-eval worked example in docs/evaluation.md.
 
-    python scripts/lmeval_tiny_example.py OUT --data ../shared/data
+    python scripts/lmeval_tiny_example.py OUT --data DATA_DIR
 
 writes OUT/model (a BPE tokenizer trained on the GSM8K-100 questions + a randomly initialised 2-layer
 LLaDA-architecture backbone over it, seed 0) and OUT/tasks/gsm_local.yaml (a local lm-eval generation task over
@@ -72,7 +72,7 @@ def build(out: str | Path, data_dir: str | Path) -> dict[str, Path]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="output folder (model/ and tasks/ are written into it)")
-    p.add_argument("--data", required=True, help="folder holding gsm8k_100.jsonl (e.g. ../shared/data)")
+    p.add_argument("--data", required=True, help="the evaluation data folder (it must hold gsm8k_100.jsonl)")
     a = p.parse_args()
     paths = build(a.out, a.data)
     print(json.dumps({k: str(v) for k, v in paths.items()}))

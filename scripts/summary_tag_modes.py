@@ -2,7 +2,7 @@
 reference scored as if it were a model output, against itself), and the ROUGE aggregate difference between
 the two modes on reference-vs-first-sentence-of-source pairs.
 
-Usage: python scripts/summary_tag_modes.py [DATA_DIR]
+Usage: python scripts/summary_tag_modes.py DATA_DIR   (the evaluation data folder)
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ FILES = {"XSum": "summ_xsum.jsonl", "CNN/DM": "summ_cnndm.jsonl", "PubMed": "sum
 
 
 def main() -> None:
-    data = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit(f"usage: python scripts/summary_tag_modes.py DATA_DIR (the evaluation data folder); got {sys.argv[1:]}")
+    data = Path(sys.argv[1])
     print("| dataset | n | tag | default % | authors % | samples that differ |")
     print("|---|---|---|---|---|---|")
     for name, f in FILES.items():

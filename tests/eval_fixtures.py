@@ -24,12 +24,22 @@ CHAT = ("{{ '<|startoftext|>' }}{% for m in messages %}{{ '<|start_header_id|>' 
         "{{ '<|start_header_id|>assistant<|end_header_id|>' }}{% endif %}")
 
 
+DATA_CANDIDATES = (ROOT.parent / "shared" / "data", Path("/work/shared/data"))
+"""Where the project's evaluation data (JSONL files; the package ships none) is looked for: beside the checkout,
+then the project machine's fixed location."""
+
+
+def find_data(*names: str) -> Path | None:
+    """The first data folder holding every file in `names`, or None."""
+    return next((p for p in DATA_CANDIDATES if all((p / n).exists() for n in names)), None)
+
+
 def data_dir() -> Path:
-    """The real evaluation data (sibling `shared/data` of the repo, or /work/shared/data); skips when absent."""
-    for p in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")):
-        if (p / "prompts_200.jsonl").exists():
-            return p
-    pytest.skip("real evaluation data (shared/data next to the repository) is not present")
+    """The evaluation data folder (with prompts_200.jsonl); skips the test when it is absent."""
+    found = find_data("prompts_200.jsonl")
+    if found is None:
+        pytest.skip("the evaluation data folder (prompts_200.jsonl) is not present")
+    return found
 
 
 def train_tokenizer(folder: Path, vocab_size: int = 320):

@@ -30,7 +30,7 @@ def _model(seed: int = 0, **kw) -> LLaDABackbone:
     return m.eval()
 
 
-# -- an independent reference forward, written from llada-arch.md §2.3 ---------------------------------------------
+# -- an independent reference forward, written from docs/provenance.md §8.2 ---------------------------------------------
 def _ref_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(torch.float32)
     y = x32 / torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # eps inside the sqrt
@@ -131,7 +131,7 @@ def test_llada_left_padding_matches_unpadded():
 
 # -- HF-style LLaDA folders ------------------------------------------------------------------------------------
 def _llada_config_json(cfg: LLaDAConfig, **overrides) -> dict:
-    """config.json with every field name of the real LLaDA-8B-Instruct file (llada-arch.md §2.1)."""
+    """config.json with every field name of the real LLaDA-8B-Instruct file (docs/provenance.md §8.1)."""
     d = {
         "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
         "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,

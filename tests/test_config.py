@@ -232,3 +232,24 @@ def test_paper_defaults():
     assert (n.distribution, n.lognormal_mu, n.lognormal_sigma, n.lognormal_clip, n.roar_prob) == \
         ("mixture", 1.69, 0.9, 40.0, 0.1)
     assert (n.roar_clear_low, n.roar_clear_high, n.roar_unknown_high, n.lognormal_per_token) == (80.0, 100.0, 1.0, False)
+
+
+def test_one_override_syntax_for_train_and_eval_configs():
+    """`dsl_llada.overrides.apply_overrides` serves both commands: dotted dict sections (created when missing or
+    null), list elements by `name` or index, a new dict returned, one clear error per bad item."""
+    from dsl_llada.overrides import apply_overrides
+
+    data = {"lr": 1e-3, "data": None, "methods": [{"name": "sde", "nfe": 8}, {"name": "llada", "nfe": 8}]}
+    out = apply_overrides(data, ["lr=2e-5", "data.block_size=64", "methods.llada.nfe=16", "methods.0.nfe=[4,8]"])
+    assert out == {"lr": 2e-5, "data": {"block_size": 64},
+                   "methods": [{"name": "sde", "nfe": [4, 8]}, {"name": "llada", "nfe": 16}]}
+    assert data["data"] is None and data["methods"][1]["nfe"] == 8  # the input is not modified
+    for item, message in (("lr", r"'lr' is not of the form key=value \(e.g. lr=1e-4"),
+                          ("=3", "has an empty key"),
+                          ("methods.nope.nfe=1", "no list element named or numbered 'nope'"),
+                          ("methods.5.nfe=1", "no list element named or numbered '5'"),
+                          ("lr.x=1", "'lr' is not a section or a list")):
+        with pytest.raises(ConfigError, match=message):
+            apply_overrides(data, [item])
+    with pytest.raises(ConfigError, match=r"e.g. nfe=\[8,16\]"):
+        apply_overrides(data, ["nfe"], example="nfe=[8,16]")

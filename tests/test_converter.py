@@ -1,4 +1,4 @@
-"""Noise embedding, softmax converter, noisy states and the posterior-mean denoiser (official-impl.md §1)."""
+"""Noise embedding, softmax converter, noisy states and the posterior-mean denoiser (docs/provenance.md §1)."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def test_paper_layout_has_mask_key_and_no_value_bias():
 
 
 def test_bf16_noise_table_is_upcast():
-    """z, E, beta, b all enter the softmax in fp32 (official-impl.md §1.2), whatever dtype E is passed in."""
+    """z, E, beta, b all enter the softmax in fp32 (docs/provenance.md §1.2), whatever dtype E is passed in."""
     conv = make_converter(residual=True)
     E = make_E()
     z = 3 * torch.randn(5, D, generator=gen(1))

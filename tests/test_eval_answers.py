@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from eval_fixtures import find_data
 
 from dsl_llada.eval import answers as A
 
 
-def _data_dir() -> Path | None:
-    for d in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")):
-        if (d / "gsm8k_100.jsonl").exists():
-            return d
-    return None
-
-
-DATA = _data_dir()
-needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data (gsm8k_100.jsonl, math_100.jsonl) not found")
+DATA = find_data("gsm8k_100.jsonl", "math_100.jsonl")
+needs_data = pytest.mark.skipif(DATA is None, reason="the evaluation data (gsm8k_100.jsonl, math_100.jsonl) is not present")
 
 
 def _rows(name: str) -> list[dict]:

@@ -1,5 +1,5 @@
 """Known outputs of every `authors`-mode metric, each derived by hand from the definitions in
-official-impl.md §5 (the section is named in each test). docs/evaluation.md ("Authors mode: what comes from where")
+docs/provenance.md §5 (the section is named in each test). docs/evaluation.md ("Authors mode: what comes from where")
 lists the same sources and the points where the reference is silent."""
 
 from __future__ import annotations

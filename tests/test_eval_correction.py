@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eval_fixtures import find_data
 from helpers import V, perturb_converter, tiny_backbone, tiny_dsl
 
 from dsl_llada.eval import fix_clean as C
@@ -146,10 +147,7 @@ def test_align_pair_and_pair_cases():
 
 
 def _data() -> Path | None:
-    for d in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")):
-        if (d / "semantic_corruption_manual.jsonl").exists():
-            return d
-    return None
+    return find_data("semantic_corruption_manual.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +162,7 @@ def wordpiece():
         pytest.skip(str(e))
 
 
-@pytest.mark.skipif(_data() is None, reason="../shared/data not found")
+@pytest.mark.skipif(_data() is None, reason="the evaluation data folder is not present")
 def test_real_pair_files_with_a_real_tokenizer(wordpiece):
     d = _data()
     manual = [json.loads(x) for x in (d / "semantic_corruption_manual.jsonl").read_text().splitlines() if x]
@@ -178,7 +176,7 @@ def test_real_pair_files_with_a_real_tokenizer(wordpiece):
     assert len(bcases) + len(bskipped) == 50 and len(bcases) >= 20
 
 
-@pytest.mark.skipif(_data() is None, reason="../shared/data not found")
+@pytest.mark.skipif(_data() is None, reason="the evaluation data folder is not present")
 def test_noisy_edit_cases(wordpiece):
     d = _data()
     texts = [json.loads(x)["text"] for x in (d / "wikitext_texts_100.jsonl").read_text().splitlines()[:10] if x]

@@ -1,4 +1,4 @@
-"""Deliverables 2 and 3 of issue 20: every check before the first item and before anything is written (one line,
+"""Every check before the first item and before anything is written (one line,
 exit 2, no run folder), and a run whose items mostly error exits non-zero naming the most common error."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faults around `dsl-llada generate` (issue 9): everything is validated before sampling, each finished batch is
+"""Faults around `dsl-llada generate`: everything is validated before sampling, each finished batch is
 on disk at once, kill -9 / Ctrl-C / a full disk lose nothing finished, a resumed run ends with exactly the records of
 an uninterrupted one, and bad input is one clear line (exit 2)."""
 

@@ -1,4 +1,4 @@
-"""Faults around output folders and files (issue 9): convert/train/demo never delete what they did not write,
+"""Faults around output folders and files: convert/train/demo never delete what they did not write,
 damaged weights and full disks end in one error line, files get the user's umask, the demo cache is verified.
 
 Each test runs the command as a user would (`dsl_llada.cli.main`) and asserts the exit code, the single error

@@ -1,7 +1,9 @@
-"""Every module of the package imports on its own (no import cycles hidden by a lucky import order)."""
+"""Every module of the package imports on its own (no import cycles hidden by a lucky import order), and the import
+graph read from the source, function-level imports included, has no cycle."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -49,3 +51,108 @@ def test_every_module_imports_on_its_own():
     assert out.returncode == 0, out.stderr[-3000:]
     failed = json.loads(out.stdout.strip().splitlines()[-1])
     assert failed == {}, "\n".join(f"{k}:\n{v}" for k, v in failed.items())
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, from every import statement in its AST (top-level, in functions,
+    in classes), except those under `if TYPE_CHECKING:` (never executed). `from .m import x` counts as importing
+    `m.x` when that is a module, else `m`."""
+    modules = {_module_name(p, root, package): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in modules and t != name}
+        graph[name] = deps
+    return graph
+
+
+def _module_name(path: Path, root: Path, package: str) -> str:
+    return ".".join((package, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` outside `if TYPE_CHECKING:` bodies."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+            continue
+        todo += list(ast.iter_child_nodes(node))
+    return out
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (each sorted), or of one module importing
+    itself: every import cycle, found by Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_import_graph_has_no_cycle():
+    root = Path(dsl_llada.__file__).parent
+    graph = import_graph(root, "dsl_llada")
+    assert len(graph) == len(package_modules()) + len(ENTRY_POINTS)
+    assert {"dsl_llada.model", "dsl_llada.toy.frontier_report"} <= graph["dsl_llada.toy.demo"]  # relative, top level
+    assert "dsl_llada.outputs" in graph["dsl_llada.toy.demo"]  # imported inside a function
+    assert find_cycles(graph) == []
+
+
+def test_the_graph_sees_a_cycle_made_only_of_function_level_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .b import g\n")
+    (pkg / "a.py").write_text("def f():\n    from .sub.b import g\n    return g\n")
+    (pkg / "sub" / "b.py").write_text("def g():\n    from ..a import f\n    return f\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+                              "from .sub import g\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == {"pkg.sub"}  # the TYPE_CHECKING import is not an edge
+    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+    (pkg / "a.py").write_text("def f():\n    return 1\n")
+    assert find_cycles(import_graph(pkg, "pkg")) == []

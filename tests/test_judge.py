@@ -45,7 +45,8 @@ def test_parse_reply_robust_takes_first_valid_object_authors_mode_fails_on_two()
 
 
 def test_authors_parser_accepts_what_robust_rejects():
-    """official-impl §5.7: their parser decodes the first {...} span and keeps it; scores are not validated."""
+    """Authors mode (docs/provenance.md §5.7): the object found in the reply is kept as decoded; scores are not
+    validated."""
     for text in (reply(a=(6, 4, 4, 4)), '{"a": {"factuality": 3}, "b": {}, "overall": "A"}', '{"overall": "tie"}',
                  '{"a": 1, "b": "x", "overall": "B", "rationale": 5}'):
         assert parse_reply(text) is None

@@ -1,4 +1,4 @@
-"""Approximate key/value caching (issue 13, item 5): the backbone's cached forward, the window cache's refresh
+"""Approximate key/value caching: the backbone's cached forward, the window cache's refresh
 rule, the samplers' cache options (R = 1 is exact) and the toy world's cache frontier."""
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _micro_demo(out):
 def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     import json
 
-    from dsl_llada.toy import cache_frontier
+    from dsl_llada.toy import evaluate
     from dsl_llada.toy.cache_frontier import FrontierConfig, variants
 
     fc = FrontierConfig(sde_nfe=2, remask_steps=8, n_open=3, n_summarize=1, rounds=2, batch_size=4, modes=("dual",),
@@ -214,7 +214,7 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     def no_sampling(*a, **k):
         raise AssertionError("a finished frontier must not sample again")
 
-    monkeypatch.setattr(cache_frontier, "run_batches", no_sampling)
+    monkeypatch.setattr(evaluate, "run_batches", no_sampling)  # the frontier samples through evaluate.sampled_rows
     again = _micro_demo(tmp_path).cache_frontier(fc)
     assert [r["seconds_per_sample"] for r in again] == [r["seconds_per_sample"] for r in rows]
 

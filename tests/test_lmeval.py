@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eval_fixtures import find_data
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -18,9 +19,9 @@ from dsl_llada.cli import main  # noqa: E402
 from dsl_llada.config import ConverterConfig, DSLConfig  # noqa: E402
 from dsl_llada.model import DSLModel  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-GSM8K = DATA / "gsm8k_100.jsonl"
-pytestmark = pytest.mark.skipif(not GSM8K.exists(), reason=f"real data not found at {DATA}")
+DATA = find_data("gsm8k_100.jsonl")
+GSM8K = DATA / "gsm8k_100.jsonl" if DATA is not None else Path("gsm8k_100.jsonl")
+pytestmark = pytest.mark.skipif(DATA is None, reason="the evaluation data (gsm8k_100.jsonl) is not present")
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def test_documented_lm_eval_example_runs_and_prints_the_documented_table(tmp_pat
     lines = [x for x in _block("commands").splitlines() if x.strip() and not x.startswith("export ")]
     assert len(lines) == 2 and lines[0].startswith("python scripts/lmeval_tiny_example.py")
     out = tmp_path / "lmeval-tiny"
-    build_args = shlex.split(lines[0].replace("/tmp/lmeval-tiny", str(out)).replace("../shared/data", str(DATA)))
+    build_args = shlex.split(lines[0].replace("/tmp/lmeval-tiny", str(out)).replace("DATA_DIR", str(DATA)))
     spec = importlib.util.spec_from_file_location("lmeval_tiny_example", ROOT / build_args[1])
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -1,4 +1,4 @@
-"""The remasking samplers' reused logits buffer (issue 21 item 3): reused while nobody keeps a step's logits,
+"""The remasking samplers' reused logits buffer: reused while nobody keeps a step's logits,
 never overwriting logits a step callback kept (copy-on-keep), and the same values and tokens as fresh tensors."""
 
 from __future__ import annotations

@@ -13,10 +13,9 @@ import dsl_llada.loading as loading
 from dsl_llada.cli import build_parser, main
 from dsl_llada.config import SDEConfig
 from dsl_llada.converter import posterior_mean
-from dsl_llada.model import DSLModel
+from dsl_llada.model import DSLModel, cast_for_inference
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.denoiser import Denoiser
-from dsl_llada.toy.demo import cast_for_inference
 from helpers import perturb_converter, tiny_dsl, toy_backbone_folder
 
 

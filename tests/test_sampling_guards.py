@@ -65,7 +65,7 @@ def test_chain_callbacks():
 
 
 def test_no_forward_hooks_in_the_package():
-    """Observers use the step callback; a forward hook would miss the cached forward paths (issue 22.4)."""
+    """Observers use the step callback; a forward hook would miss the cached forward paths."""
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "src" / "dsl_llada"

@@ -5,14 +5,14 @@ every backbone forward of the run (a fingerprint of all intermediate states the 
 argmax). A change that moves any seeded output fails here. The logit sum is compared with a small relative
 tolerance (other CPUs may round fp32 matrix products differently); the tokens are exact.
 
-History: first recorded at commit 3fab959 (before the sampler refactor of issue 7, which left every value
-unchanged). Re-recorded once for issue 13: (a) backbones now return logits only for the rows a sampler reads, so the
+History: first recorded at commit 3fab959 (a later sampler refactor left every value unchanged). Re-recorded
+once since: (a) backbones now return logits only for the rows a sampler reads, so the
 logit sums cover those rows; (b) the posterior mean became one `embedding_bag`, whose summation order moves ê by
 about one ulp — the tokens of 6 of the 7 runs are unchanged, and the chaotic `sde-predictor-noise` run (first Heun
 step 0.01 -> 7 with almost no noise, on a random tiny model) amplifies that ulp into other tokens. That run is so
 sensitive that even the intra-op thread count changes it, so this module runs on one thread.
 
-Issue 18: a value pinned here must come back on every CPU (`ATEN_CPU_CAPABILITY=default`, `=avx2`, AVX-512, arm64;
+A value pinned here must come back on every CPU (`ATEN_CPU_CAPABILITY=default`, `=avx2`, AVX-512, arm64;
 `.ci/run` runs this module a second time under `default`). A chaotic trajectory pins the CPU, not the algorithm, so
 `sde-predictor-noise` is no longer pinned: it is a same-machine determinism test (run twice -> identical tokens and
 logit sums; other seeds -> other tokens). The six pinned runs keep their recorded values unchanged.

@@ -1,4 +1,4 @@
-"""Embedding-space SDE sampler (paper Algorithm 2, official-impl.md §3.1) and Block SDE on a tiny DSL model."""
+"""Embedding-space SDE sampler (paper Algorithm 2, docs/provenance.md §3.1) and Block SDE on a tiny DSL model."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_models_health_and_metrics(tiny):
             "status": "ok", "model": "tiny", "queue_length": 0, "running": 0}
         assert health["environment"]["dsl_llada"] and health["limits"]["max_tokens"] == 64
         assert 0 <= health["last_progress_s_ago"] < health["limits"]["request_timeout_s"]
-        env = health["environment"]  # where the server runs (issue 18): versions, CPU, threads, dtype, load
+        env = health["environment"]  # where the server runs: versions, CPU, threads, dtype, load
         assert env["device"] == "cpu" and env["dtype"] == "float32" and env["threads"]["intra_op"] >= 1
         assert env["cpu_capability"] and env["libraries"]["torch"] and env["load_average_start"] is not None
         r = c.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=8, nfe=4, seed=0))

@@ -1,4 +1,4 @@
-"""Serving that one bad request cannot take down (issue 19): limits, body size, Host header, chat injection,
+"""Serving that one bad request cannot take down: limits, body size, Host header, chat injection,
 deadlines, client disconnects, /health when stuck, SIGTERM with a long request. A tiny random DSL model; servers
 bind 127.0.0.1. No wall-clock assertions beyond behaviour bounds far from the normal durations."""
 

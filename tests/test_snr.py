@@ -1,4 +1,4 @@
-"""SNR schedules for inference (exact grids of official-impl.md §3.1) and training SNR draws (§2.3)."""
+"""SNR schedules for inference (exact grids of docs/provenance.md §3.1) and training SNR draws (§2.3)."""
 
 from __future__ import annotations
 

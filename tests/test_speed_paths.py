@@ -1,5 +1,5 @@
 """Compute-only-what-is-used paths: logits at selected positions, the sparse converter, the posterior mean via
-embedding_bag, hardware denormal flushing (issue 13)."""
+embedding_bag, hardware denormal flushing."""
 
 from __future__ import annotations
 

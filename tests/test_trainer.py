@@ -90,7 +90,7 @@ def test_dsl_training_learns_and_writes_checkpoints(backbone_dir, tmp_path):
     ck = out / "checkpoint-100"
     for name in ("config.json", "dsl_config.json", "model.safetensors"):
         assert (ck / name).is_file() and (out / "final" / name).is_file()
-    env = json.loads((ck / "trainer_state" / "environment.json").read_text())  # where it was made (issue 18)
+    env = json.loads((ck / "trainer_state" / "environment.json").read_text())  # where it was made
     assert env["seeds"] == {"seed": cfg.seed, "world_size": 1} and env["dtype"] == "float32"
     assert env["cpu_capability"] and env["threads"]["intra_op"] >= 1 and "load_average_end" in env
     st = ck / "trainer_state"
@@ -294,7 +294,7 @@ def test_kill_and_resume_is_bitwise_identical(backbone_dir, tmp_path):
     # a finished run resumes to "already done"; an explicit checkpoint path also resumes
     again = train(cfg, tokenizer=letters, texts=corpus())
     assert again.stop_reason == "already_done" and again.final_step == 8 and not again.losses
-    # an explicit older checkpoint branches into a new output_dir (the old run is only read; issue 23.5)
+    # an explicit older checkpoint branches into a new output_dir (the old run is only read)
     from_six = train(cfg.replace(resume=str(out / "checkpoint-6"), output_dir=str(tmp_path / "branch")),
                      tokenizer=letters, texts=corpus())
     assert from_six.losses == {7: full.losses[7], 8: full.losses[8]}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from .errors import ConfigError
+from .errors import ConfigError as ConfigError  # re-exported: the configs' one error type, imported from here package-wide
 from .snr import ScheduleName, check_schedule, snr_schedule
 from .utils import atomic_write_text
 

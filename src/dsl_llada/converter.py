@@ -1,6 +1,6 @@
 """Unit-sphere noise embedding, the softmax converter, noisy states and the posterior-mean denoiser.
 
-Converter (paper §3.1, released-checkpoint layout in official-impl.md §1):
+Converter (paper §3.1, released-checkpoint layout in docs/provenance.md §1):
     logits = beta * z K^T + b  (K = [E; k_mask], E = unit noise embedding rows, fp32)
     pi     = softmax(logits)    over V + 1 slots (the last slot is [MASK])
     h      = pi W^T + c         (W: (H, V+1) initialised from the backbone's input embedding, mask row last)
@@ -97,7 +97,7 @@ class Converter(nn.Module):
 
     @torch.no_grad()
     def init_from_backbone(self, wte: torch.Tensor, mask_id: int) -> None:
-        """W = [wte^T | wte[mask]], mask logit bias ln V, beta = beta_init (official-impl.md §1.1)."""
+        """W = [wte^T | wte[mask]], mask logit bias ln V, beta = beta_init (docs/provenance.md §1.1)."""
         V = self.vocab_size
         if wte.shape[0] != V:
             raise ValueError(f"input embedding has {wte.shape[0]} rows but the converter expects vocab_size={V}")

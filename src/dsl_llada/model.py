@@ -228,6 +228,12 @@ class DSLModel(nn.Module):
         return model
 
 
+def cast_for_inference(model: DSLModel | Backbone, dtype: torch.dtype) -> DSLModel | Backbone:
+    """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
+    fp32, `DSLModel.to_compute_dtype`; a bare backbone is cast whole)."""
+    return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)
+
+
 def infer_released_config(folder: Path, names: set[str]) -> DSLConfig:
     """DSLConfig for a released checkpoint (no dsl_config.json): released layout, sizes read from the tensors."""
     if {"converter.gate_temp", "converter.gate_bias"} & names:

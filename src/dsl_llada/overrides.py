@@ -31,22 +31,43 @@ def parse_override_value(text: str) -> Any:
     return text if isinstance(v, (dict, list)) and not text.strip().startswith(("{", "[")) else v
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply dotted `key=value` overrides to a nested config dict (a new dict is returned)."""
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
+                    example: str = "lr=1e-4 or data.block_size=64") -> dict[str, Any]:
+    """Apply dotted `key=value` overrides to a nested config dict (a new dict is returned). Each part of a key names
+    a section of a dict (a missing or null one is created) or an element of a list, by its `name` field or its index
+    (`data.block_size=64`, `tasks.summarization.datasets.xsum.limit=10`, `methods.0.options.eta=0`). `example` is
+    shown in the error for an item that is not `key=value`."""
     out: dict[str, Any] = json.loads(json.dumps(data))
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. lr=1e-4 or data.block_size=64)")
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. {example})")
         key, _, raw = item.partition("=")
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise ConfigError(f"override {item!r} has an empty key")
         node: Any = out
-        for p in parts[:-1]:
-            if node.get(p) is None:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                raise ConfigError(f"override {item!r}: {p!r} is not a nested config section")
-            node = node[p]
-        node[parts[-1]] = parse_override_value(raw.strip())
+        for depth, p in enumerate(parts):
+            slot: int | str
+            if isinstance(node, list):
+                slot = _list_slot(node, p, item)
+            elif isinstance(node, dict):
+                slot = p
+                if depth < len(parts) - 1 and node.get(p) is None:
+                    node[p] = {}
+            else:
+                raise ConfigError(f"override {item!r}: {parts[depth - 1]!r} is not a section or a list")
+            if depth == len(parts) - 1:
+                node[slot] = parse_override_value(raw.strip())
+            else:
+                node = node[slot]
     return out
+
+
+def _list_slot(items: list[Any], part: str, item: str) -> int:
+    """The index of the list element `part` names: the element whose `name` is `part`, else index `part`."""
+    idx = next((i for i, x in enumerate(items) if isinstance(x, dict) and x.get("name") == part), None)
+    if idx is None and part.isdigit() and int(part) < len(items):
+        idx = int(part)
+    if idx is None:
+        raise ConfigError(f"override {item!r}: no list element named or numbered {part!r}")
+    return idx

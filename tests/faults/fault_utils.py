@@ -1,5 +1,6 @@
-"""Helpers of the fault-injection suite (issue 23): one test per fault, each run as a user would (the CLI in-process,
-or a real subprocess), checking the exit code, the single `error:` line and that nothing the user had changed.
+"""Helpers of the fault-injection suite (docs/reliability.md): one test per fault, each run as a user would (the CLI
+in-process, or a real subprocess), checking the exit code, the single `error:` line and that nothing the user had
+changed.
 
 Here: the toy training preset as CLI arguments and a subprocess runner."""
 

@@ -1,5 +1,5 @@
-"""`convert` faults of issue 23 (11): one writer per output folder, and the temp folder a killed convert leaves
-behind is found and removed by the next run."""
+"""`convert` faults (11 in docs/reliability.md's fault-injection table): one writer per output folder, and the temp
+folder a killed convert leaves behind is found and removed by the next run."""
 
 from __future__ import annotations
 

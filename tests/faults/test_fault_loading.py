@@ -1,7 +1,7 @@
-"""Loading faults of issue 23: a DSL checkpoint without its config (10), damaged model configs and weights (12, 17),
-misleading messages (13), checkpoint files outside the model folder (14), special-token spellings in prompts (15),
-damaged tokenizer files and a blocked chat template (12, 17). Each is one `error:` line and exit 2 naming the file
-and field, before any sampling."""
+"""Loading faults (numbered as in docs/reliability.md's fault-injection table): a DSL checkpoint without its config
+(10), damaged model configs and weights (12, 17), misleading messages (13), checkpoint files outside the model folder
+(14), special-token spellings in prompts (15), damaged tokenizer files and a blocked chat template (12, 17). Each is
+one `error:` line and exit 2 naming the file and field, before any sampling."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Training faults of issue 23: honest resume (1), one writer per run folder (4), resuming an older checkpoint (5),
-a full disk during a checkpoint (8), damaged checkpoints with resume='auto' and explicit resume (12, 16)."""
+"""Training faults (numbered as in docs/reliability.md's fault-injection table): honest resume (1), one writer per run
+folder (4), resuming an older checkpoint (5), a full disk during a checkpoint (8), damaged checkpoints with
+resume='auto' and explicit resume (12, 16)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 23 items 4, 6 and 9 for `generate`: every numeric sampler setting is finite and inside a derived range
-(the error states the bound and why), a run whose state still leaves float32's range stops with an error naming
-the settings (never NUL-byte text with exit 0), and accepted inputs are bounded (nfe/steps/gen_length, prompt
-files read line by line with a maximum line length, /dev/zero refused at once)."""
+"""Faults 4, 6 and 9 of docs/reliability.md's fault-injection table for `generate`: every numeric sampler setting is
+finite and inside a derived range (the error states the bound and why), a run whose state still leaves float32's range
+stops with an error naming the settings (never NUL-byte text with exit 0), and accepted inputs are bounded
+(nfe/steps/gen_length, prompt files read line by line with a maximum line length, /dev/zero refused at once)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def one_error(capsys) -> str:
     return found[0]
 
 
-# -- issue 23 item 6: each reproducer is one line naming the setting, exit 2, nothing written ------------------------
+# -- fault 6: each reproducer is one line naming the setting, exit 2, nothing written ------------------------
 @pytest.mark.parametrize("sampler, named", [
     (["--gamma-min", "1e-300", "--nfe", "64"], "gamma_min=1e-300"),
     (["--eta", "inf"], "eta=inf"),
@@ -106,7 +106,7 @@ def test_a_nan_state_from_the_sampler_is_an_error_not_token_zero(model, tmp_path
     assert out.read_text() == ""
 
 
-# -- issue 23 item 4: the bounds are derived and stated ----------------------------------------------------------
+# -- fault 4: the bounds are derived and stated ----------------------------------------------------------
 def test_heun_step_ratio_bound_is_the_float32_epsilon():
     assert MAX_HEUN_RATIO == 2.0 ** 23
     SDEConfig(nfe=2, gamma_min=74.0 / MAX_HEUN_RATIO * 1.01)  # one step 74 / gamma_min just under 2^23: accepted
@@ -152,7 +152,7 @@ def test_bounds_at_their_edges_are_accepted():
     assert MAX_HEUN_RATIO == 1 / torch.finfo(torch.float32).eps
 
 
-# -- issue 23 item 9: prompt files are read line by line, bounded -----------------------------------------------
+# -- fault 9: prompt files are read line by line, bounded -----------------------------------------------
 def test_dev_zero_is_refused_after_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"/dev/zero:1: line longer than 4,194,304 bytes"):
         read_prompts("/dev/zero")

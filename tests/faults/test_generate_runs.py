@@ -1,7 +1,7 @@
-"""Issue 23 items 2, 3 and 7 for `generate`: one writer per output (the lock comes before anything is read or
-written, a refused run changes nothing, its settings file included, and names the holder's PID); errored prompts
-are not done (a rerun retries them), the run ends with a summary and exits 1 when more prompts failed than
---max-error-rate allows."""
+"""Faults 2, 3 and 7 of docs/reliability.md's fault-injection table for `generate`: one writer per output (the lock
+comes before anything is read or written, a refused run changes nothing, its settings file included, and names the
+holder's PID); errored prompts are not done (a rerun retries them), the run ends with a summary and exits 1 when more
+prompts failed than --max-error-rate allows."""
 
 from __future__ import annotations
 

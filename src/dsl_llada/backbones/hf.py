@@ -13,7 +13,7 @@ The wrapped model's top-level children are adopted as this module's own children
 out of ``state_dict()``, as ``save_pretrained`` leaves them out of the file).
 
 `DreamBackbone` runs Dream-v0 (Qwen2 architecture, model_type "Dream") on ``transformers.Qwen2ForCausalLM``
-and undoes Dream's one-position logit shift (llada-arch.md §3.3) so that ``logits[:, i]`` predicts token i.
+and undoes Dream's one-position logit shift (docs/provenance.md §8.3) so that ``logits[:, i]`` predicts token i.
 
 Everything loads from local folders only (config.json + safetensors; never pickles, never remote code, never
 the hub: downloading is the caller's explicit choice, see `backbones.resolve_model_path`).
@@ -72,8 +72,10 @@ class HFBackbone(Backbone):
     """A transformers masked LM or (made bidirectional) decoder LM behind the Backbone contract."""
 
     family = "hf"
+    _hf: Any
+    """The wrapped transformers model (a `PreTrainedModel`: its config and methods are transformers', untyped)."""
 
-    def __init__(self, model: nn.Module, special: SpecialTokens, *, kind: str | None = None):
+    def __init__(self, model: Any, special: SpecialTokens, *, kind: str | None = None):
         super().__init__()
         if kind is None:
             kind = "masked" if type(model).__name__.endswith("ForMaskedLM") else "causal"
@@ -194,12 +196,12 @@ def _forgive_tied_keys(module: HFBackbone, incompatible: Any) -> None:
         incompatible.missing_keys.remove(k)
 
 
-def make_bidirectional(model: nn.Module) -> None:
+def make_bidirectional(model: Any) -> None:
     """Clear every causal flag transformers consults (the explicit 4-D mask in forward does the rest)."""
     model.config.is_causal = False
     for mod in model.modules():
         if isinstance(getattr(mod, "is_causal", None), bool):
-            mod.is_causal = False
+            setattr(mod, "is_causal", False)  # a plain attribute of transformers' attention modules
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def _auto_class(config: Any, path: Path) -> tuple[Any, str]:
                           f"nor a *ForCausalLM model; only masked LMs and decoder LMs can be backbones")
 
 
-def _build_empty(auto_cls: Any, config: Any) -> nn.Module:
+def _build_empty(auto_cls: Any, config: Any) -> Any:
     """The model with parameters on the meta device (buffers such as RoPE tables are real)."""
     from accelerate import init_empty_weights
 
@@ -236,7 +238,7 @@ def _build_empty(auto_cls: Any, config: Any) -> nn.Module:
     raise CheckpointError(f"cannot build {getattr(config, 'model_type', '?')} with SDPA or eager attention: {last}")
 
 
-def load_weights(model: nn.Module, path: Path, *, dtype: torch.dtype, device: str | torch.device,
+def load_weights(model: Any, path: Path, *, dtype: torch.dtype, device: str | torch.device,
                  extra_keys_ok: tuple[str, ...] = ()) -> None:
     """Fill a meta-initialised transformers model from the folder's safetensors, checking keys and shapes.
 
@@ -376,8 +378,8 @@ def qwen2_config_from_dream(data: dict[str, Any], where: str = "config.json") ->
         if k in data and data[k] not in allowed:
             raise CheckpointError(f"{where}: {k}={data[k]!r} is not supported (supported: {list(allowed)})")
     kwargs = {k: data[k] for k in _DREAM_FIELDS if data.get(k) is not None}
-    cfg = Qwen2Config(**kwargs, rope_theta=float(data.get("rope_theta", 10000.0)), use_sliding_window=False,
-                      attention_dropout=0.0, use_cache=False)
+    kwargs["rope_theta"] = float(data.get("rope_theta", 10000.0))  # Qwen2Config takes it through **kwargs
+    cfg = Qwen2Config(**kwargs, use_sliding_window=False, attention_dropout=0.0, use_cache=False)
     cfg.architectures = ["Qwen2ForCausalLM"]
     cfg.is_causal = False
     return cfg

@@ -1,6 +1,6 @@
 """Native LLaDA implementation (no remote code) that reads Hugging Face LLaDA checkpoints as published.
 
-Forward math (llada-arch.md §2.3): pre-norm blocks with RMSNorm computed in fp32 (cast back, then scaled),
+Forward math (docs/provenance.md §8.2): pre-norm blocks with RMSNorm computed in fp32 (cast back, then scaled),
 separate q/k/v projections, RoPE (rotate-half, theta from config) in fp32 on all head dims, fully
 bidirectional SDPA with an optional padding mask, SwiGLU-style MLP with SiLU on `ff_proj` times `up_proj`,
 final `ln_f`, untied LM head `ff_out` (or `wte` when weight_tying). Parameter names equal the checkpoint keys
@@ -79,10 +79,10 @@ class LLaDAConfig:
         for name in self.BOOLS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
-        for name, hi in (("rope_theta", 1e12), ("rms_norm_eps", 1.0)):
+        for name, top in (("rope_theta", 1e12), ("rms_norm_eps", 1.0)):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= hi):  # NaN fails too
-                raise ValueError(f"{name}={v!r} must be a finite number in (0, {hi:g}]")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 < v <= top):  # NaN fails too
+                raise ValueError(f"{name}={v!r} must be a finite number in (0, {top:g}]")
         for name in self.TOKEN_IDS:
             v = getattr(self, name)
             if v is not None and (not is_int(v) or not 0 <= v < self.vocab_size):
@@ -99,10 +99,20 @@ class LLaDAConfig:
             self.embedding_size = self.vocab_size
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
+        if self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError(f"head dim {self.d_model // self.n_heads} must be even for RoPE")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (`n_kv_heads`, which defaults to `n_heads`)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of the embedding and output head (`embedding_size`, which defaults to `vocab_size`)."""
+        return self.embedding_size or self.vocab_size
 
     @property
     def head_dim(self) -> int:
@@ -136,7 +146,7 @@ class LLaDAConfig:
 
     def special_tokens(self) -> SpecialTokens:
         missing = [k for k in ("mask_token_id", "eos_token_id") if getattr(self, k) is None]
-        if missing:
+        if missing or self.mask_token_id is None or self.eos_token_id is None:
             raise CheckpointError(
                 f"LLaDA config lacks special token id(s) {missing}; add them to config.json or pass "
                 f"special=SpecialTokens(mask=..., eos=...) explicitly")
@@ -166,11 +176,11 @@ class LLaDABlock(nn.Module):
         super().__init__()
         d, hd, bias = cfg.d_model, cfg.head_dim, cfg.include_bias
         qkv_bias = cfg.include_bias or cfg.include_qkv_bias
-        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, hd
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
         self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=qkv_bias)
-        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
-        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.kv_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.kv_heads * hd, bias=qkv_bias)
         self.attn_out = nn.Linear(d, d, bias=bias)
         self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.ff_proj = nn.Linear(d, cfg.ffn_hidden, bias=bias)
@@ -210,6 +220,25 @@ class LLaDABlock(nn.Module):
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
 
 
+class _Transformer(nn.Module):
+    """`model.transformer`: the embedding, the blocks, the final norm and (untied) the output head."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.embedding_rows, cfg.d_model)
+        self.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.ff_out = None if cfg.weight_tying else nn.Linear(cfg.d_model, cfg.embedding_rows, bias=cfg.include_bias)
+
+
+class _Outer(nn.Module):
+    """`model`: holds `transformer`, so parameter names equal the checkpoint keys (`model.transformer.*`)."""
+
+    def __init__(self, transformer: _Transformer):
+        super().__init__()
+        self.transformer = transformer
+
+
 class LLaDABackbone(Backbone):
     """LLaDA (8B-Instruct layout, any size) with parameters named exactly as the HF checkpoint keys."""
 
@@ -219,22 +248,15 @@ class LLaDABackbone(Backbone):
         super().__init__()
         self.cfg = cfg
         self.special = special or cfg.special_tokens()
-        self.special.validate(cfg.embedding_size)
-        t = nn.Module()
-        t.wte = nn.Embedding(cfg.embedding_size, cfg.d_model)
-        t.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
-        t.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        if not cfg.weight_tying:
-            t.ff_out = nn.Linear(cfg.d_model, cfg.embedding_size, bias=cfg.include_bias)
-        self.model = nn.Module()
-        self.model.transformer = t
+        self.special.validate(cfg.embedding_rows)
+        self.model = _Outer(_Transformer(cfg))
         self.gradient_checkpointing = False
         self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- Backbone contract -------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self.cfg.embedding_size
+        return self.cfg.embedding_rows
 
     @property
     def hidden_size(self) -> int:
@@ -291,11 +313,10 @@ class LLaDABackbone(Backbone):
         """Final norm + output head on the `positions` rows of the last block's output only."""
         t = self.model.transformer
         x = t.ln_f(select_positions(x, positions))
-        head = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
-        logits = F.linear(x, head)
-        if not self.cfg.weight_tying and t.ff_out.bias is not None:
-            logits = logits + t.ff_out.bias
-        return logits
+        if t.ff_out is None:  # weight tying
+            return F.linear(x, t.wte.weight)
+        logits = F.linear(x, t.ff_out.weight)
+        return logits if t.ff_out.bias is None else logits + t.ff_out.bias
 
     supports_kv_cache = True
 
@@ -317,18 +338,18 @@ class LLaDABackbone(Backbone):
             raise ValueError(f"rows [{start}, {start + x.shape[1]}) are outside the cached sequence of {total}")
         cos, sin = self._rope(total, x.device)
         bias = padding_to_additive_mask(attention_mask, torch.float32)
-        store: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if cache is None else None
+        store: list[tuple[torch.Tensor, torch.Tensor]] = []  # filled only when building the cache
         for i, blk in enumerate(t.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x = blk(x, cos, sin, bias, kv=kv, start=start, store=store)
+            x = blk(x, cos, sin, bias, kv=kv, start=start, store=store if cache is None else None)
         logits = self._logits(x, positions)
-        if store is not None:
+        if cache is None:
             cache = KVCache(keys=[k for k, _ in store], values=[v for _, v in store], length=total)
         return logits, cache
 
     def output_embeddings(self) -> nn.Module:
         t = self.model.transformer
-        return t.wte if self.cfg.weight_tying else t.ff_out
+        return t.wte if t.ff_out is None else t.ff_out
 
     # -- checkpoint I/O ------------------------------------------------------------------------------
     @classmethod

@@ -12,7 +12,7 @@
   both parse as plain numbers or simple fractions are compared as numbers. An empty answer (or an empty gold)
   is never correct.
 
-``mode="authors"`` reproduces the authors' ``eval_reasoning.py`` exactly, flaws included (official-impl.md
+``mode="authors"`` reproduces the authors' ``eval_reasoning.py`` exactly, flaws included (docs/provenance.md
 §5.8): GSM8K takes the *first* ``####`` match of the pattern ``[+-]?[\\d,]+\\.?\\d*`` (a lone comma counts as a
 number, so "Hello, world" extracts ""), commas removed; both sides go through the same string normalisation
 (strip, lower-case, drop ``, $ %`` and spaces, strip trailing periods) and are compared as strings, so

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import BLOCK_SDE, ConfigBase, ConfigError, _check, read_config_file  # one validation helper
-from ..overrides import parse_override_value
+from ..overrides import apply_overrides
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
@@ -71,7 +71,7 @@ class DatasetSpec(ConfigBase):
     name: str
     """Name used in work-item keys and tables (e.g. 'xsum', 'gsm8k_100')."""
     path: str
-    """The data file. The package ships no data: point at your own copy (e.g. shared/data/summ_xsum.jsonl)."""
+    """The data file. The package ships no data: point at your own copy (e.g. data/summ_xsum.jsonl)."""
     kind: str | None = None
     """Protocol variant: summarization 'xsum'|'cnndm'|'pubmed'|'arxiv'; reasoning 'gsm8k'|'math'; generation
     'prompts'|'prefix'. None = inferred from `name`/`path`."""
@@ -280,48 +280,16 @@ def _spec(kind: type, data: dict[str, Any], where: str):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Dotted `key=value` overrides; a list element is addressed by its index or by its `name`
-    (e.g. `batch_size=4`, `nfe=[8,16]`, `tasks.summarization.datasets.xsum.limit=10`, `methods.0.options.eta=0`)."""
-    out = json.loads(json.dumps(data))
-    for item in overrides:
-        _check("=" in item, f"override {item!r} is not of the form key=value (e.g. batch_size=4 or nfe=[8,16])")
-        key, _, raw = item.partition("=")
-        parts = [p for p in key.strip().split(".") if p]
-        _check(bool(parts), f"override {item!r} has an empty key")
-        node: Any = out
-        for depth, p in enumerate(parts):
-            last = depth == len(parts) - 1
-            if isinstance(node, list):
-                idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == p), None)
-                if idx is None and p.isdigit() and int(p) < len(node):
-                    idx = int(p)
-                _check(idx is not None, f"override {item!r}: no list element named or numbered {p!r}")
-                if last:
-                    node[idx] = parse_override_value(raw.strip())
-                else:
-                    node = node[idx]
-            elif isinstance(node, dict):
-                if last:
-                    node[p] = parse_override_value(raw.strip())
-                else:
-                    if node.get(p) is None:
-                        node[p] = {}
-                    node = node[p]
-            else:
-                raise ConfigError(f"override {item!r}: {parts[depth - 1]!r} is not a section or a list")
-    return out
-
-
 def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> EvalConfig:
     """An EvalConfig from a YAML/JSON preset plus dotted overrides. Relative data/model paths stay as written
     (they resolve against the working directory at run time)."""
     data: dict[str, Any] = {} if path is None else read_config_file(path, "evaluation")
-    return EvalConfig.from_dict(apply_overrides(data, list(overrides)))
+    return EvalConfig.from_dict(apply_overrides(data, list(overrides), example="batch_size=4 or nfe=[8,16]"))
 
 
-def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ between two config dicts (lists compared element-wise)."""
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ between two config dicts (lists compared element-wise; any other
+    values compared as they are)."""
     out: list[str] = []
     if isinstance(old, dict) and isinstance(new, dict):
         for k in sorted(set(old) | set(new)):

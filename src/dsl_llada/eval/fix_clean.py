@@ -1,4 +1,4 @@
-"""Error correction (paper T1, official-impl §5.1): Fix / Clean after one forward pass over a corrupted text.
+"""Error correction (paper T1, docs/provenance.md §5.1): Fix / Clean after one forward pass over a corrupted text.
 
 A *case* is a pair of equal-length id sequences (original, corrupted). The model reads the corrupted ids once,
 the prediction is the argmax at every position, and per case
@@ -105,8 +105,8 @@ def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, 
             corrupted, positions = corrupt_random_tokens(ids, rate, seed + int(tid), low=low, high=high)
         else:
             rng = np.random.default_rng(seed + int(tid))
-            corrupted, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
-            positions = pos.tolist()
+            drawn, pos = M.corrupt_random_tokens(ids, rate, rng, low, high, exclude=ex)
+            corrupted, positions = drawn.tolist(), pos.tolist()
         cases.append(CorrectionCase(tid, tuple(ids), tuple(int(x) for x in corrupted),
                                     {"rate": rate, "positions": positions}))
     return cases

@@ -1,5 +1,5 @@
 """Probes of a masked DLM / DSL model: mask accuracy + calibration (ECE, reliability diagram), context
-robustness, and the converter phase table (official-impl §5.2, §5.3; paper App. "Converter Output Examples").
+robustness, and the converter phase table (docs/provenance.md §5.2, §5.3; paper App. "Converter Output Examples").
 
 * Mask calibration (T3): per text, ``numpy.random.default_rng(seed + text_id)`` picks ``max(1, floor(n*r))``
   positions that are replaced by the model's MASK id; one forward; per masked position the confidence is the
@@ -103,7 +103,7 @@ def mask_calibration_records(model: Any, tokenizer: Any, texts: Sequence[str | S
     if len(tids) != len(ids_list):
         raise ValueError(f"text_ids has {len(tids)} entries but texts has {len(ids_list)}")
     keep = [(tid, ids) for tid, ids in zip(tids, ids_list) if ids]
-    if mode == "authors":  # RandomState(seed + id).choice(n, max(1, int(n * r))) (official-impl §5.3)
+    if mode == "authors":  # RandomState(seed + id).choice(n, max(1, int(n * r))) (docs/provenance.md §5.3)
         from .authors import mask_positions
 
         items = [(ids, sorted(mask_positions(len(ids), mask_rate, seed + tid))) for tid, ids in keep]

@@ -1,4 +1,4 @@
-"""Failure tags for open-ended generations (the authors' ``failure_mode_analysis.py``, official-impl §5.4).
+"""Failure tags for open-ended generations (the authors' ``failure_mode_analysis.py``, docs/provenance.md §5.4).
 
 Words are ``\\b\\w+\\b`` tokens of the lower-cased text; sentences split after ``. ! ?`` followed by whitespace.
 Per text we compute the authors' statistics and turn them into the binary tags their rate table reports:

@@ -1,4 +1,4 @@
-"""Pairwise LLM-as-judge for summaries (the paper's judge table; protocol: official-impl §5.7).
+"""Pairwise LLM-as-judge for summaries (the paper's judge table; protocol: docs/provenance.md §5.7).
 
 Two runs of the same dataset at the same NFE are paired by sample id; the common ids are shuffled with
 `random.Random(seed)` (seed 42 in the paper) and the first `n` kept. The same RNG then draws, per sample, a swap bit
@@ -383,7 +383,7 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
             continue
         if r.get("error"):
             continue
-        info = r.get("info") if isinstance(r.get("info"), dict) else {}
+        info: dict[str, Any] = r["info"] if isinstance(r.get("info"), dict) else {}
         text = next((r[f] for f in TEXT_FIELDS if isinstance(r.get(f), str)), None)
         ref = r.get("reference", info.get("reference"))
         sid = r.get("sample_id", r.get("id"))

@@ -158,7 +158,8 @@ class LocalChatBackend:
         self.model = self.model.to(device).eval()
         self.folder, self.gguf_file, self.max_new_tokens, self.device = folder, gguf_file, max_new_tokens, device
         self.constrained = bool(constrained)
-        self._plan = None
+        self._plan: list[tuple[str, Any, Any]] | None = None
+        """(kind, text or options, token ids or first tokens) per reply part, encoded on first use."""
 
     @classmethod
     def smollm2(cls, **kw) -> "LocalChatBackend":
@@ -169,10 +170,10 @@ class LocalChatBackend:
         return {"backend": "local", "folder": str(self.folder), "gguf_file": self.gguf_file,
                 "max_new_tokens": self.max_new_tokens, "constrained": self.constrained}
 
-    def _encoded_plan(self) -> list[tuple[str, Any]]:
+    def _encoded_plan(self) -> list[tuple[str, Any, Any]]:
         if self._plan is None:
             enc = self.tokenizer
-            plan = []
+            plan: list[tuple[str, Any, Any]] = []
             for kind, val in reply_plan():
                 if kind == "text":
                     plan.append((kind, val, enc.encode(val, add_special_tokens=False)))
@@ -212,7 +213,7 @@ class LocalChatBackend:
                 pending += extra
                 text.append(val)
                 continue
-            kw = {} if past is None else {self._cache_arg(): past}
+            kw: dict[str, Any] = {} if past is None else {self._cache_arg(): past}
             out = self.model(input_ids=torch.tensor([pending], device=self.device), use_cache=True, **kw)
             past = out.get("cache", None) or out.get("past_key_values", None)
             logits = out.logits[0, -1].float()

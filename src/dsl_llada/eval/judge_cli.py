@@ -98,7 +98,7 @@ def cmd_judge(a: argparse.Namespace) -> int:
                          parse_mode=a.parse_mode, bootstrap_resamples=a.resamples, system_prompt=system,
                          user_template=user, min_parse_rate=a.min_parse_rate)
     loaded = [[r for r in read_records(p) if r.get("task", a.task) == a.task] for p in (a.run_a, a.run_b)]
-    datasets = [{r.get("dataset") for r in recs} - {None} for recs in loaded]
+    datasets = [{r["dataset"] for r in recs if r.get("dataset") is not None} for recs in loaded]
     if a.dataset is None and datasets[0] and datasets[1] and datasets[0] != datasets[1]:
         raise ValueError(f"the runs hold different datasets ({sorted(datasets[0])} vs {sorted(datasets[1])}); "
                          "pick one with --dataset")

@@ -1,4 +1,4 @@
-"""The paper's named inference methods as sampler configs (Appendix 'Methods compared', official-impl §5).
+"""The paper's named inference methods as sampler configs (Appendix 'Methods compared', docs/provenance.md §5).
 
 | preset            | sampler    | settings                                                                  |
 |-------------------|------------|---------------------------------------------------------------------------|

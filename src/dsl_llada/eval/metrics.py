@@ -100,7 +100,7 @@ def distinct_n_text(text: str, n: int = 2) -> float:
 
 
 def rep_rate(texts: Iterable[str]) -> float:
-    """Corpus-level Rep (official-impl §5.4): over all texts pooled, #{adjacent identical whitespace-word pairs}
+    """Corpus-level Rep (docs/provenance.md §5.4): over all texts pooled, #{adjacent identical whitespace-word pairs}
     / #{adjacent pairs}; pairs are taken within each text, never across texts. 0.0 when there are no pairs.
 
     Example: ``["a a b", "c c"]`` has pairs (a,a) (a,b) | (c,c) -> 2/3.
@@ -123,7 +123,7 @@ def generation_metrics(texts: Sequence[str], *, mode: str = "default") -> dict[s
     """D2, D3 (corpus-level distinct-n), Rep (:func:`rep_rate`) and Len over a set of generations.
 
     ``default`` scores every text (an empty output counts Len 0 and contributes no n-grams or pairs);
-    ``authors`` first drops empty outputs (official-impl §7.17: this flatters samplers that often emit nothing).
+    ``authors`` first drops empty outputs (docs/provenance.md §7.17: this flatters samplers that often emit nothing).
     Returns ``{"n", "n_empty", "n_scored", "d2", "d3", "rep", "len"}`` (fractions, not percentages; ``None``
     when nothing is scored).
     """
@@ -256,7 +256,7 @@ def failure_tags(
 
 
 def summary_failure_tags(text: str, mode: str = "default", *, reference: str | None = None) -> FailureTags:
-    """Summary failure tags (official-impl §5.6) in one of two modes; pass the reference summary as
+    """Summary failure tags (docs/provenance.md §5.6) in one of two modes; pass the reference summary as
     ``reference=`` (without it ``premature_eos`` can only fire by the authors' ``W < 15`` rule).
 
     ``authors``: :func:`failure_tags` with the code's thresholds, exactly (``W < 15 or W < 0.4R``; 4-gram share

@@ -1,4 +1,4 @@
-"""Checks that run before the first item and before anything is written (issue 20, deliverable 2).
+"""Checks that run before the first item and before anything is written.
 
 Every check reads only small files (model ``config.json``, tokenizer, safetensors headers, the data) — no
 weights — so a bad run is refused in seconds with one line naming the value and what would be valid:

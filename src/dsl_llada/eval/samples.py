@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from .eval_config import DatasetSpec
 
@@ -57,6 +57,16 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}:{n}: expected a JSON object, got {type(obj).__name__}")
         rows.append(obj)
     return rows
+
+
+@overload
+def pick_field(ds: DatasetSpec, role: str, candidates: tuple[str, ...], rows: list[dict[str, Any]],
+               required: Literal[True] = True) -> str: ...
+
+
+@overload
+def pick_field(ds: DatasetSpec, role: str, candidates: tuple[str, ...], rows: list[dict[str, Any]],
+               required: bool) -> str | None: ...
 
 
 def pick_field(ds: DatasetSpec, role: str, candidates: tuple[str, ...], rows: list[dict[str, Any]],

@@ -9,7 +9,7 @@ the summarisation ROUGE-L (each with its 95 % bootstrap interval over prompts) a
 exact fp32 sampler's, against samples per second. Variants are timed in interleaved rounds (median per variant).
 Writes OUT/cache_frontier/: runs.jsonl (one line per variant and round, appended as each finishes; a rerun
 resumes), samples.jsonl (round 1's outputs), frontier.md (the table and the recommended points) and frontier.png.
-The report (table, recommendation, plot) is `frontier_report.py`.
+The report (table, recommendation, plot) and its writer are `frontier_report.py`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
-from ..config import CACHE_MODES, ConfigBase, ConfigError, RemaskConfig, SDEConfig
+from ..config import CACHE_MODES, CacheMode, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..loading import DTYPES
-from ..sampling.batches import run_batches
-from ..utils import atomic_write_text
+from ..backbones.base import Backbone
+from ..model import DSLModel, cast_for_inference
 from ..utils import progress as progress_bar
 from ..fingerprints import sampling_key
-from .evaluate import aggregate, score_record
+from .evaluate import aggregate, sampled_rows, score_record
 from .sweep import OPEN_KEYS, SUM_KEYS, append_rows, model_fingerprint, read_rows, task_metrics
 from .tasks import render_prompt
 
@@ -102,7 +101,7 @@ class Variant:
     backbone dtype and one converter tolerance."""
 
     sampler: str
-    mode: str
+    mode: CacheMode
     """'off' (no cache) or a cache mode."""
     refresh: int
     dtype: str = "float32"
@@ -164,7 +163,7 @@ def _key(v: Variant, cfg: SDEConfig | RemaskConfig, model_id: str | dict, fc: Fr
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples, out: Path, fc: FrontierConfig, *,
+def run_frontier(models: dict[str, DSLModel | Backbone], world, tokenizer, examples, out: Path, fc: FrontierConfig, *,
                  gen_length: int, progress: bool = True, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Sample, score and time every variant for `fc.rounds` interleaved rounds; returns one row per variant."""
     out = Path(out)
@@ -172,14 +171,12 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     runs_path = out / "runs.jsonl"
     ids = {name: sampling_key(model_fingerprint(m), tokenizer) for name, m in models.items()}  # + tokenizer, code
     plan = [(v, v.config(fc, gen_length)) for v in variants(fc)]
-    cast: dict[tuple[str, str], torch.nn.Module] = {}
+    cast: dict[tuple[str, str], DSLModel | Backbone] = {}
 
-    def model_for(v: Variant) -> torch.nn.Module:
+    def model_for(v: Variant) -> DSLModel | Backbone:
         if v.dtype == "float32":
             return models[v.model]
         if (v.model, v.dtype) not in cast:  # a copy: the caller's fp32 models stay as they are
-            from .demo import cast_for_inference
-
             cast[v.model, v.dtype] = cast_for_inference(copy.deepcopy(models[v.model]), DTYPES[v.dtype]).eval()
         return cast[v.model, v.dtype]
 
@@ -192,10 +189,8 @@ def run_frontier(models: dict[str, torch.nn.Module], world, tokenizer, examples,
     for rnd, v, cfg in progress_bar(todo, desc="cache frontier", enabled=progress):
         model = model_for(v)
         t = time.perf_counter()
-        outputs: list[list[int]] = []
-        for rows in run_batches(model, prompt_ids, cfg, batch_size=fc.batch_size, retry=False,
-                                seed_of=lambda i: fc.seed * 100_003 + i):
-            outputs += [r.ids for r in rows]
+        outputs = [out.ids[r.row].tolist() for r, out in sampled_rows(model, prompt_ids, cfg, batch_size=fc.batch_size,
+                                                                       seed_of=lambda i: fc.seed * 100_003 + i)]
         seconds = time.perf_counter() - t
         row: dict[str, Any] = {"key": keys[v], "round": rnd, "sampler": v.sampler, "mode": v.mode,
                                "refresh": v.refresh, "dtype": v.dtype, "tolerance": v.tolerance, "label": v.label,
@@ -252,11 +247,3 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
 def is_exact(row: dict[str, Any]) -> bool:
     """A frontier row of an exact sampler: no cache, fp32 backbone, dense converter."""
     return row["mode"] == "off" and row.get("dtype", "float32") == "float32" and not row.get("tolerance")
-
-
-def write_frontier(rows, fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
-    from .frontier_report import plot_frontier, render_frontier
-
-    out = Path(out)
-    atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
-    plot_frontier(rows, out / "frontier.png")

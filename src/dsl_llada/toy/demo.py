@@ -24,16 +24,16 @@ import torch
 
 from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
-from ..backbones.base import SpecialTokens
+from ..backbones.base import Backbone, SpecialTokens
 from ..config import ConfigBase, ConverterConfig, DSLConfig
 from ..environment import environment_footer, environment_record, finish_record
 from ..loading import DTYPES
 from ..eval.report import markdown_table, pivot, plot_nfe_curves
-from ..model import DSLModel
+from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
 from .evaluate import CONTROL_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, score_record
-from .cache_frontier import FrontierConfig, run_frontier, write_frontier
-from .frontier_report import recommendation_lines
+from .cache_frontier import FrontierConfig, run_frontier
+from .frontier_report import recommendation_lines, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
@@ -139,12 +139,6 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
-    fp32; a bare backbone is cast whole)."""
-    return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)
-
-
 def _special(tok) -> SpecialTokens:
     s = special_ids(tok)
     return SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"])
@@ -212,7 +206,7 @@ class Demo:
         path, hit = self._cached("pretrained-mdm", key)
         if hit:
             self.echo(f"[1/4] pretrained masked DLM: cached ({path.name})")
-            return load_backbone(path, special=self.special)
+            return LLaDABackbone.from_pretrained(path, special=self.special)
         self.echo(f"[1/4] pretraining a tiny LLaDA-architecture masked DLM ({self.cfg.pretrain.steps} MDM steps)")
         bb = self._fresh_backbone()
         t = time.perf_counter()
@@ -225,7 +219,7 @@ class Demo:
         self._seal(path)
         return bb
 
-    def adapted(self, base: LLaDABackbone, train, objective: str) -> torch.nn.Module:
+    def adapted(self, base: LLaDABackbone, train, objective: str) -> DSLModel | Backbone:
         stage = self.cfg.cpt.replace(objective=objective)
         key = {"stage": objective, "base": self.cfg.pretrain.to_dict(), "cfg": stage.to_dict(),
                "noise_dim": self.cfg.noise_dim, "seed": self.cfg.seed, "n_train": self.cfg.n_train,
@@ -237,15 +231,16 @@ class Demo:
             self.echo(f"      {label}: cached ({path.name})")
             return DSLModel.from_pretrained(path) if objective == "dsl" else load_backbone(path, special=self.special)
         self.echo(f"      {label} ({stage.steps} steps)")
-        model = self._copy_backbone(base)
+        copied = self._copy_backbone(base)
+        model: DSLModel | Backbone = copied
         if objective == "dsl":
-            model = DSLModel.convert(model, DSLConfig(converter=ConverterConfig(noise_dim=self.cfg.noise_dim, beta_init=1.0,
+            model = DSLModel.convert(copied, DSLConfig(converter=ConverterConfig(noise_dim=self.cfg.noise_dim, beta_init=1.0,
                                                                                 noise_seed=self.cfg.seed)))
         t = time.perf_counter()
         curve = run_stage(model, self.tok, train, stage, seed=self.cfg.seed + 1, block_size=self._block(train), gen_length=self.gen_length,
                           progress=self.progress, desc=label)
         self.timings[f"{objective}_s"] = time.perf_counter() - t
-        if objective == "dsl":
+        if isinstance(model, DSLModel):  # the "dsl" objective
             model.save_pretrained(path)
         else:
             save_backbone(model, path)
@@ -276,7 +271,7 @@ class Demo:
         train, evals = self.corpora()
         base = self.pretrained(train).eval()
         self.echo("[2/4] continue-pretraining from the pretrained model")
-        models: dict[str, torch.nn.Module] = {"base": base, "dsl": self.adapted(base, train, "dsl").eval()}
+        models: dict[str, DSLModel | Backbone] = {"base": base, "dsl": self.adapted(base, train, "dsl").eval()}
         methods = list(PAPER_METHODS)
         if self.cfg.controls:
             for obj in ("mdm", "xdlm"):
@@ -308,6 +303,7 @@ class Demo:
         base = self.pretrained(train).eval()
         self.echo("[2/3] DSL model")
         dsl = self.adapted(base, train, "dsl").eval()
+        assert isinstance(dsl, DSLModel)  # the "dsl" stage is a DSL checkpoint
         self.echo("[3/3] SDE sensitivity sweep")
         out = self.out / "sweep"
         rows = run_sweep(dsl, self.world, self.tok, evals, out, sweep, gen_length=self.gen_length,

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
+from ..backbones.base import Backbone
 from ..config import ConfigBase, ConfigError
+from ..model import DSLModel
 from ..numerics import deterministic_algorithms
 from ..utils import progress as progress_bar
 from .tasks import TaskExample, render_sft_example
@@ -69,7 +71,7 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
     return [{**{k: v for k, v in g.items() if k != "param_names"}, "base_lr": g["lr"]} for g in groups]
 
 
-def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
+def run_stage(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
               block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train") -> list[float]:
     """Train `model` in place for `stage.steps` steps; returns the loss curve. Runs with deterministic algorithms
     (`numerics.deterministic_algorithms`), so the same seed gives the same checkpoint on the same machine whatever
@@ -79,7 +81,7 @@ def run_stage(model: torch.nn.Module, tokenizer, examples: list[TaskExample], st
                       progress=progress, desc=desc)
 
 
-def _train(model: torch.nn.Module, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
+def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
            block_size: int, gen_length: int, progress: bool, desc: str) -> list[float]:
     from ..train.objectives import check_finite, get_objective
 

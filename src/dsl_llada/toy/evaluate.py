@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -15,7 +15,10 @@ import torch
 from ..config import REMDM
 from ..eval import metrics as M
 from ..eval.fix_clean import aggregate_fix_clean, fix_clean_records
-from ..sampling.batches import run_batches
+from ..backbones.base import Backbone
+from ..model import DSLModel
+from ..sampling.batches import RowResult, run_batches
+from ..sampling.common import SampleOutput
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from ..stats import bootstrap_ratio
 from .tasks import TaskExample, render_prompt, response_words, score_response
@@ -62,9 +65,30 @@ PAPER_METHODS = (
 CONTROL_METHODS = (Method("MDM-CPT", "mdm", "remask"), Method("XDLM", "xdlm", "remask"))
 
 
-def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, tokenizer, examples: Sequence[TaskExample],
-                   methods: Sequence[Method], nfes: Sequence[int], *, gen_length: int, batch_size: int = 32,
-                   seed: int = 0, on_progress: Callable[[str], None] | None = None,
+class SamplingMethod(Protocol):
+    """What `sample_records` needs of a row: its name, its model's key and its sampler config per NFE."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def config(self, nfe: int, gen_length: int) -> SamplerConfig: ...
+
+
+def sampled_rows(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig, *,
+                 batch_size: int, seed_of: Callable[[int], int]) -> Iterator[tuple[RowResult, SampleOutput]]:
+    """Every prompt's row with its sampler call's output (`run_batches` without retries: a failing call raises)."""
+    for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False, seed_of=seed_of):
+        for r in rows:
+            assert r.output is not None  # without retries no row is recorded as failed
+            yield r, r.output
+
+
+def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, tokenizer,
+                   examples: Sequence[TaskExample], methods: Sequence[SamplingMethod], nfes: Sequence[int], *,
+                   gen_length: int, batch_size: int = 32, seed: int = 0, on_progress: Callable[[str], None] | None = None,
                    sample_seed: int = 0) -> list[dict[str, Any]]:
     """One record per (method, NFE, example) with the decoded output and its per-sample metrics. `sample_seed`
     k > 0 draws another seed per row (the demo's `--seeds K` runs k = 0..K-1; k = 0 is the historical seeding)."""
@@ -75,15 +99,13 @@ def sample_records(models: Mapping[str, torch.nn.Module], world: ToyWorld, token
         model = models[method.model]
         for nfe in nfes:
             config = method.config(nfe, gen_length)
-            for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False,
-                                    seed_of=lambda i: base + i):
-                for r in rows:
-                    # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
-                    keep_all = not r.output.config.get("truncate_at_eos", True)
-                    text = tokenizer.decode(r.ids, skip_special_tokens=keep_all)
-                    records.append(score_record(world, examples[r.index], text, method=method.name, nfe=nfe,
-                                                seed=r.seed, index=r.index, forward_passes=r.output.forward_passes,
-                                                **({"sample_seed": sample_seed} if sample_seed else {})))
+            for r, output in sampled_rows(model, prompt_ids, config, batch_size=batch_size, seed_of=lambda i: base + i):
+                # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
+                keep_all = not output.config.get("truncate_at_eos", True)
+                text = tokenizer.decode(r.ids, skip_special_tokens=keep_all)
+                records.append(score_record(world, examples[r.index], text, method=method.name, nfe=nfe,
+                                            seed=r.seed, index=r.index, forward_passes=output.forward_passes,
+                                            **({"sample_seed": sample_seed} if sample_seed else {})))
             if on_progress is not None:
                 on_progress(f"{method.name} NFE {nfe}")
     return records

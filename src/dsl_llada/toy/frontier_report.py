@@ -14,7 +14,7 @@ from typing import Any
 
 from ..eval.report import markdown_table
 from ..stats import format_interval, separated
-from ..utils import save_figure
+from ..utils import atomic_write_text, save_figure
 from .cache_frontier import SAMPLERS, FrontierConfig, is_exact
 
 QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"), ("summarize", "rougeL", "ROUGE-L"))
@@ -137,7 +137,7 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                 xerr = [[x - 1 / r["seconds_max"]], [1 / r["seconds_min"] - x]]
                 yerr = None if ci is None else [[max(y - ci[0], 0.0)], [max(ci[1] - y, 0.0)]]
                 marker = "^" if r.get("tolerance") else "o"
-                ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=colors.get(r.get("dtype"), "k"),
+                ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=colors.get(str(r.get("dtype")), "k"),
                             ms=5, capsize=2, lw=0.8, mfc="none" if r["mode"] != "off" else None)
                 if r is best.get(sampler):
                     ax.plot([x], [y], "*", ms=16, mfc="none", mec="k", mew=1.2, label="recommended")
@@ -161,3 +161,10 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                  fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
+
+
+def write_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
+    """OUT/frontier.md (the table and the recommended points) and OUT/frontier.png."""
+    out = Path(out)
+    atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
+    plot_frontier(rows, out / "frontier.png")

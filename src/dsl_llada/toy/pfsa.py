@@ -203,7 +203,7 @@ class Pfsa:
 
     def expected_visits(self, max_steps: int = 10_000) -> np.ndarray:
         """Expected number of visits to each state (exact for acyclic automata)."""
-        v = np.zeros(self.n_states)
+        v: np.ndarray = np.zeros(self.n_states)
         v[self.start] = 1.0
         total = np.zeros(self.n_states)
         for _ in range(max_steps):

@@ -231,7 +231,7 @@ class _FixedMethod:
         return self.cfg
 
 
-def _row(s: SweepSetting, nfe: int, cfg: SDEConfig, result: dict[str, Any], model_id: str, sweep: SweepConfig,
+def _row(s: SweepSetting, nfe: int, cfg: SDEConfig, result: dict[str, Any], model_id: dict[str, str], sweep: SweepConfig,
          model: DSLModel) -> dict[str, Any]:
     return {"group": s.group, "setting": s.label, "nfe": nfe, "is_default": s.is_default, "run_key": result["run_key"],
             "config": cfg.to_dict(), "context_embedding": s.context_embedding, "resolved_eta": cfg.resolved_eta(),
@@ -239,7 +239,7 @@ def _row(s: SweepSetting, nfe: int, cfg: SDEConfig, result: dict[str, Any], mode
             "open": result["open"], "summarize": result["summarize"], "seconds": result.get("seconds")}
 
 
-def reference_rows(world, examples) -> dict[str, dict[str, Any]]:
+def reference_rows(world, examples) -> dict[str, dict[str, Any] | None]:
     """The world's own samples for the same prompts, scored the same way (the table's reference line)."""
     truth = [score_record(world, ex, ex.response, method="world", nfe=0, seed=None, index=i, forward_passes=0)
              for i, ex in enumerate(examples)]

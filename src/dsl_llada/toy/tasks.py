@@ -105,14 +105,15 @@ def response_words(generation: str | Sequence[str]) -> list[str]:
 def analyze_document(world: ToyWorld, document: str | Sequence[str]) -> DocAnalysis:
     """Parse a (well-formed) world document by lexicon look-up."""
     toks = document.split() if isinstance(document, str) else list(document)
-    sentences, cur = [], []
+    sentences: list[list[str]] = []
+    cur: list[str] = []
     for t in toks:
         if t == ".":
             sentences.append(cur)
             cur = []
         else:
             cur.append(t)
-    main = main_num = topic = None
+    main = main_num = topic = ""  # set by the first sentence (the world's words are never empty)
     predicates: list[tuple[str, str | None]] = []
     nouns: list[str] = []
     for sent in sentences:
@@ -128,7 +129,7 @@ def analyze_document(world: ToyWorld, document: str | Sequence[str]) -> DocAnaly
                 nouns.append(t)
         if subj is None or verb is None:
             raise ValueError(f"cannot parse sentence {' '.join(sent)!r}")
-        if main is None:
+        if not main:
             if subj not in world.noun_info:
                 raise ValueError("the first sentence's subject must be a noun")
             main, (topic, _, _) = subj, world.noun_info[subj]
@@ -136,7 +137,7 @@ def analyze_document(world: ToyWorld, document: str | Sequence[str]) -> DocAnaly
         refers = subj == W.PRONOUNS[main_num] or (subj == main and world.verb_info[verb][3] == main_num)
         if refers and (verb, obj) not in predicates:
             predicates.append((verb, obj))
-    if main is None:
+    if not main:
         raise ValueError("empty document")
     return DocAnalysis(topic, main, main_num, predicates, nouns)
 

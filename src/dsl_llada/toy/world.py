@@ -200,10 +200,10 @@ class ToyWorld:
                           role + "_det")
             else:
                 b.add(D, ("A", key, num, None), det, p, role + "_det")
-        for cls in (None, "c", "v"):
-            a, n = follow(cls)
+        for first in (None, "c", "v"):  # adjective/noun entry state: any first letter, consonant, vowel
+            a, n = follow(first)
             total = sum(x[1] for x in a) + sum(x[2] for x in n)
-            A = ("A", key, num, cls)
+            A = ("A", key, num, first)
             for w, p in a:
                 b.add(A, ("N", key, num), w, p / total, role + "_adj")
             for i, f, p in n:

@@ -26,7 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backbones.base import Backbone
 from ..config import ConfigError
+from ..model import DSLModel
 from .checkpointing import MODEL_PREFIX, load_tree, save_tree
 from .components import ObjectiveModule, configure_deepspeed, shard_fsdp2
 from .train_config import TrainConfig
@@ -45,10 +47,11 @@ class Backend:
     def __init__(self, acc: Any, config: TrainConfig, mixed_precision: str):
         self.acc, self.config, self.mixed_precision = acc, config, mixed_precision
         self.world = acc.num_processes
-        self.wrapped: nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.wrapped: Any = None
+        """The module as the engine runs it (DDP, a DeepSpeed engine, the FSDP2-sharded module); set by prepare()."""
+        self.optimizer: torch.optim.Optimizer  # set by prepare()
         self.scheduler: Any = None
-        self.module: ObjectiveModule | None = None
+        self.module: ObjectiveModule  # set by prepare()
         """The ObjectiveModule itself (unwrapped from DDP/DeepSpeed; the sharded module under FSDP2)."""
         self._hooks: list = []
 
@@ -82,11 +85,11 @@ class Backend:
         return None
 
     # -- state ----------------------------------------------------------------------------------------------------
-    def model_weights(self, model: nn.Module, is_dsl: bool, main: bool) -> dict[str, torch.Tensor]:
+    def model_weights(self, model: DSLModel | Backbone, is_dsl: bool, main: bool) -> dict[str, torch.Tensor]:
         """Full weights under their checkpoint names on the main process ({} elsewhere); every process calls it."""
         if not main:
             return {}
-        return model.full_state_dict() if is_dsl else model.state_dict()
+        return model.full_state_dict() if isinstance(model, DSLModel) else model.state_dict()
 
     def save_optimizer(self, state_dir: Path, main: bool) -> None:
         """Write the optimizer state into `state_dir` (every process calls it)."""
@@ -172,10 +175,10 @@ class FSDP2Backend(Backend):
             scale_converter_grads(*self._converter)
         return clip_grad_norm_sharded(params, max_norm)
 
-    def model_weights(self, model: nn.Module, is_dsl: bool, main: bool) -> dict[str, torch.Tensor]:
+    def model_weights(self, model: DSLModel | Backbone, is_dsl: bool, main: bool) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full: dict[str, Any] = get_model_state_dict(self.wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         weights = {k.removeprefix(MODEL_PREFIX): v for k, v in full.items()}
         if is_dsl:  # DSLModel.full_state_dict names: backbone keys unprefixed
             weights = {k.removeprefix("backbone."): v for k, v in weights.items()}

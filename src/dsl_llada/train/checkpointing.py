@@ -36,12 +36,13 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from torch import nn
 
 from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, check_safetensors_header, \
     checkpoint_files, copy_tokenizer_files, save_tensors_file, write_safetensors
+from ..backbones.base import Backbone
 from ..environment import environment_record, finish_record
 from ..errors import CheckpointError
+from ..model import DSLModel
 from ..utils import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
@@ -161,7 +162,7 @@ def is_complete(folder: str | Path) -> bool:
 
 def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     """Complete checkpoints in `output_dir`, oldest first."""
-    out = []
+    out: list[tuple[int, Path]] = []
     root = Path(output_dir)
     if not root.is_dir():
         return out
@@ -373,7 +374,7 @@ class RunParts:
     output_dir: Path
     rank: int
     world: int
-    model: nn.Module
+    model: DSLModel | Backbone
     """The model being trained, unwrapped (a DSLModel or a bare backbone; sharded parameters under FSDP2)."""
     is_dsl: bool
     """`model` is a DSLModel (saved with dsl_config.json and the converter) rather than a bare backbone."""
@@ -439,9 +440,10 @@ def _write_run(run: RunParts, progress: RunProgress, tmp: Path, state_dir: Path)
     weights = run.backend.model_weights(run.model, run.is_dsl, run.main)
     run.backend.save_optimizer(state_dir, run.main)
     if run.main:
-        backbone = run.model.backbone if run.is_dsl else run.model
+        model = run.model
+        backbone = model.backbone if isinstance(model, DSLModel) else model
         write_model_files(tmp, config_json=backbone.config_dict(), state=weights,
-                          dsl_config_json=run.model.config.to_json() if run.is_dsl else None,
+                          dsl_config_json=model.config.to_json() if isinstance(model, DSLModel) else None,
                           tokenizer_dir=run.tokenizer_dir)
         if run.tokenizer_to_save is not None:  # file-less tokenizers ('bytes', 'ids') and tokenizer objects
             run.tokenizer_to_save.save_pretrained(str(tmp))

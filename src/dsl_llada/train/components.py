@@ -31,13 +31,13 @@ class ObjectiveModule(nn.Module):
     n_tokens); ``forward(fn=f)`` returns ``f(model)`` (monitoring) from inside the wrapper's forward, so DDP, FSDP and
     DeepSpeed see every use of the parameters (FSDP unshards the root's parameters only inside its forward)."""
 
-    def __init__(self, model: nn.Module, objective: Callable[..., ObjectiveOutput]):
+    def __init__(self, model: DSLModel | Backbone, objective: Callable[..., ObjectiveOutput]):
         super().__init__()
         self.model = model
         self.objective = objective
 
     def forward(self, batch: dict[str, torch.Tensor] | None = None, generator: torch.Generator | None = None,
-                fn: Callable[[nn.Module], Any] | None = None):
+                fn: Callable[[DSLModel | Backbone], Any] | None = None) -> Any:
         if fn is not None:
             return fn(self.model)
         out = self.objective(self.model, batch, generator)
@@ -114,16 +114,17 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # -- model and tokenizer ---------------------------------------------------------------------------------------------
-def backbone_of(model: nn.Module) -> Backbone:
+def backbone_of(model: DSLModel | Backbone) -> Backbone:
     return model.backbone if isinstance(model, DSLModel) else model
 
 
-def load_training_model(config: TrainConfig, source: str | Path | nn.Module | None = None) -> nn.Module:
+def load_training_model(config: TrainConfig, source: str | Path | nn.Module | None = None) -> DSLModel | Backbone:
     """The model `config.objective` trains: a DSLModel for 'dsl', a bare backbone for the controls.
 
     `source` (default `config.init_from`): a backbone folder, a DSL checkpoint folder, 'scratch', or a module.
     """
     source = config.init_from if source is None else source
+    model: nn.Module
     if isinstance(source, nn.Module):
         model = source
     elif str(source) == SCRATCH:
@@ -144,14 +145,11 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
                 model = load_backbone(path, extra_keys_ok=DSL_PREFIXES)
         else:
             model = load_backbone(path)
-    if config.objective == "dsl":
-        if isinstance(model, Backbone):
-            model = DSLModel.convert(model, config.dsl)
-        elif not isinstance(model, DSLModel):
-            raise TypeError(f"the 'dsl' objective needs a backbone or a DSLModel, got {type(model).__name__}")
-    elif isinstance(model, DSLModel):
-        model = model.backbone
-    return model
+    if isinstance(model, Backbone):
+        return DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
+    if isinstance(model, DSLModel):
+        return model if config.objective == "dsl" else model.backbone
+    raise TypeError(f"the {config.objective!r} objective needs a backbone or a DSLModel, got {type(model).__name__}")
 
 
 def _byte_encode(text: str) -> list[int]:
@@ -210,11 +208,12 @@ def tokenizer_for_checkpoints(config: TrainConfig, tokenizer: Any, tokenizer_dir
     return None
 
 
-def enable_gradient_checkpointing(backbone: nn.Module) -> None:
-    if hasattr(backbone, "gradient_checkpointing_enable"):
-        backbone.gradient_checkpointing_enable()
-    elif hasattr(backbone, "gradient_checkpointing"):
-        backbone.gradient_checkpointing = True
+def enable_gradient_checkpointing(backbone: Backbone) -> None:
+    enable = getattr(backbone, "gradient_checkpointing_enable", None)  # a transformers model's switch
+    if enable is not None:
+        enable()
+    elif hasattr(backbone, "gradient_checkpointing"):  # the native families' flag
+        setattr(backbone, "gradient_checkpointing", True)
     else:
         raise ConfigError(f"gradient_checkpointing=true is not supported by {type(backbone).__name__}")
 

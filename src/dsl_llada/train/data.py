@@ -81,7 +81,7 @@ class TokenBlockDataset(IterableDataset):
         if not _is_int(rank) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an int in [0, {world_size - 1}] for world_size={world_size}, got {rank!r}")
         if isinstance(config, Mapping):
-            config = DataConfig.from_dict(config)
+            config = DataConfig.from_dict(dict(config))
         self.config, self.tokenizer, self.rank, self.world_size = config, tokenizer, int(rank), int(world_size)
         self.render_prompt = render_prompt
         self._encode = make_encoder(tokenizer)
@@ -241,6 +241,13 @@ class TokenBlockDataset(IterableDataset):
             out["prompt_length"] = prompt_length
         return out
 
+    def _eos(self) -> int:
+        """The EOS id where the config needs one (the EOS separator, EOS padding, SFT): its absence was refused
+        at construction."""
+        if self.eos_id is None:
+            raise ValueError("this data configuration needs an EOS id")
+        return self.eos_id
+
     def _take_block(self, block: Sequence[int] | np.ndarray) -> Item | None:
         index = self._block_index
         self._block_index += 1
@@ -258,7 +265,7 @@ class TokenBlockDataset(IterableDataset):
 
     def _text_items(self) -> Iterator[Item]:
         cfg = self.config
-        sep = [self.eos_id] if cfg.insert_eos_separator else []
+        sep = [self._eos()] if cfg.insert_eos_separator else []
         yield from self._flush()  # a resumed state may still hold full blocks
         records = ((i, text_of(r, w, cfg.text_field)) for i, r, w in self._kept_records())
         chunks = iter(lambda: list(itertools.islice(records, _ENCODE_CHUNK)), [])
@@ -274,7 +281,7 @@ class TokenBlockDataset(IterableDataset):
         rest = self._pending[self._pending_pos:]
         if rest and not cfg.drop_remainder:
             self._pending, self._pending_pos = [], 0
-            item = self._take_block(rest + [self.eos_id] * (cfg.block_size - len(rest)))
+            item = self._take_block(rest + [self._eos()] * (cfg.block_size - len(rest)))
             if item is not None:
                 yield item
 
@@ -289,7 +296,7 @@ class TokenBlockDataset(IterableDataset):
             messages, response = normalize_sft_record(rec, where)
             ids, plen = build_sft_example(
                 messages, response, where, encode=self._encode, tokenizer=self.tokenizer,
-                render_prompt=self.render_prompt, block_size=cfg.block_size, eos_id=int(self.eos_id),
+                render_prompt=self.render_prompt, block_size=cfg.block_size, eos_id=self._eos(),
                 overflow=cfg.sft_overflow, response_suffix=cfg.sft_response_suffix)
             self._tokens_seen += plen
             yield ids.astype(np.int32), plen

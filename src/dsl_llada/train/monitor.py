@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..backbones.base import Backbone
 from ..converter import noisy_states
-from .objectives import eligible_positions
+from ..model import DSLModel
+from .objectives import eligible_positions, require_dsl
 
 __all__ = ["clean_eval", "converter_stats", "default_gamma_max", "effective_rank", "eval_mode", "fixed_snr_eval",
            "infill_eval", "mean_abs_cos", "monitor_all", "nll_bound_curve", "nll_upper_bound",
@@ -60,11 +62,6 @@ def _prepared(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> l
     return out
 
 
-def _require_dsl(model: nn.Module, what: str) -> None:
-    if not hasattr(model, "logits_from_states"):
-        raise TypeError(f"{what} needs a DSLModel (continuous path); got {type(model).__name__}")
-
-
 class _Acc:
     """Token-level CE / accuracy accumulator."""
 
@@ -84,7 +81,7 @@ class _Acc:
                 "n_tokens": float(self.n)}
 
 
-def _snr_logits(model: nn.Module, batch: dict[str, torch.Tensor], gamma: float, E: torch.Tensor,
+def _snr_logits(model: DSLModel, batch: dict[str, torch.Tensor], gamma: float, E: torch.Tensor,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits through the DSL path with every eligible/response position at SNR `gamma` (prompt clean)."""
     ids = batch["input_ids"]
@@ -96,11 +93,11 @@ def _snr_logits(model: nn.Module, batch: dict[str, torch.Tensor], gamma: float, 
 
 # -- evaluations -------------------------------------------------------------------------------------------
 @torch.no_grad()
-def fixed_snr_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
+def fixed_snr_eval(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]],
                    snrs: tuple[float, ...] = (1, 5, 10, 20, 50),
                    generator: torch.Generator | None = None) -> dict[str, float]:
     """CE / accuracy through the DSL path with every position at a fixed SNR: keys 'snr=<γ>/ce', 'snr=<γ>/acc'."""
-    _require_dsl(model, "fixed_snr_eval")
+    model = require_dsl(model, "fixed_snr_eval")
     data = _prepared(model, batches)
     accs = {g: _Acc() for g in snrs}
     with eval_mode(model):
@@ -117,7 +114,7 @@ def fixed_snr_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
 
 
 @torch.no_grad()
-def clean_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+def clean_eval(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
     """CE / accuracy of predicting the clean tokens from the clean ids through the discrete path (`logits_from_ids`)."""
     data = _prepared(model, batches)
     acc = _Acc()
@@ -130,7 +127,7 @@ def clean_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> 
 
 
 @torch.no_grad()
-def infill_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], mask_rate: float = 0.5,
+def infill_eval(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]], mask_rate: float = 0.5,
                 generator: torch.Generator | None = None) -> dict[str, float]:
     """Mask each evaluated position iid with probability `mask_rate` (MASK id, discrete path); CE / accuracy on
     the masked positions."""
@@ -153,7 +150,7 @@ def infill_eval(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], ma
 
 
 @torch.no_grad()
-def converter_stats(model: nn.Module) -> dict[str, float]:
+def converter_stats(model: DSLModel) -> dict[str, float]:
     """beta, the mask-slot logit bias, and the mean raw norm of the noise-embedding rows (drift of a trainable
     table; the forward always re-normalises)."""
     conv = model.converter
@@ -184,7 +181,7 @@ def effective_rank(x: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def noise_embedding_health(model: nn.Module, n: int = 1000, generator: torch.Generator | None = None,
+def noise_embedding_health(model: DSLModel, n: int = 1000, generator: torch.Generator | None = None,
                            n_rank: int = 256) -> dict[str, float]:
     """Mean |cos| among n random noise rows and among n random converter value columns (token columns of
     W_backbone), and the effective rank of `n_rank` of each. Keys 'noise/…', 'value/…'."""
@@ -207,14 +204,14 @@ def default_gamma_max(vocab_size: int) -> float:
 
 
 @torch.no_grad()
-def nll_bound_curve(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], n_points: int = 20,
+def nll_bound_curve(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]], n_points: int = 20,
                     gamma_max: float | None = None,
                     generator: torch.Generator | None = None) -> list[dict[str, float]]:
     """The DSL NLL bound along the SNR grid [0] + linspace(γ_max/n, γ_max, n) (n evenly spaced points on
     (0, γ_max] with 0 prepended). Per grid point: 'snr', 'ce_bits' (reconstruction CE, bits/token), 'integrand'
     (½‖Σ_v p_v e_v − e_x‖² / ln 2 with the full-softmax posterior mean), 'integral' (cumulative trapezoid of
     the integrand from 0), 'bound' = integral + ce_bits. All are token averages over the evaluated positions."""
-    _require_dsl(model, "nll_upper_bound")
+    model = require_dsl(model, "nll_upper_bound")
     if n_points < 1:
         raise ValueError(f"n_points={n_points} must be >= 1")
     gmax = default_gamma_max(model.vocab_size) if gamma_max is None else float(gamma_max)
@@ -253,7 +250,7 @@ def nll_bound_curve(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
 
 
 @torch.no_grad()
-def nll_upper_bound(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], n_points: int = 20,
+def nll_upper_bound(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]], n_points: int = 20,
                     gamma_max: float | None = None, generator: torch.Generator | None = None,
                     return_curve: bool = False) -> dict:
     """min over the SNR grid of ∫₀^γ integrand + CE(γ) (bits/token): the Stochastic Localization bound of the DSL
@@ -273,7 +270,7 @@ def nll_upper_bound(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
 
 
 # -- everything at once ------------------------------------------------------------------------------------
-def monitor_all(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], generator: torch.Generator | None = None,
+def monitor_all(model: DSLModel | Backbone, batches: Iterable[dict[str, torch.Tensor]], generator: torch.Generator | None = None,
                 *, nll: bool = False, health: bool = True,
                 snrs: tuple[float, ...] = (1, 5, 10, 20, 50)) -> dict[str, float]:
     """One flat dict for logging: 'clean/…', 'infill/…' always; for a DSLModel also 'fixed_snr/…' (at `snrs`),
@@ -282,7 +279,7 @@ def monitor_all(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], ge
     out: dict[str, float] = {}
     out.update({f"clean/{k}": v for k, v in clean_eval(model, data).items()})
     out.update({f"infill/{k}": v for k, v in infill_eval(model, data, generator=generator).items()})
-    if hasattr(model, "logits_from_states"):
+    if isinstance(model, DSLModel):
         out.update({f"fixed_snr/{k}": v for k, v in fixed_snr_eval(model, data, snrs, generator=generator).items()})
         out.update({f"converter/{k}": v for k, v in converter_stats(model).items()})
         if health:

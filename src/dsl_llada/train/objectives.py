@@ -54,10 +54,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from ..backbones.base import Backbone
 from ..config import ConfigBase, ConfigError, SNRConfig
 from ..converter import noisy_states
+from ..model import DSLModel
 from ..snr import sample_training_snr
 
 __all__ = [
@@ -90,7 +91,7 @@ class ObjectiveOutput:
     ``metrics["n_eligible"]``."""
 
 
-Objective = Callable[[nn.Module, "dict[str, torch.Tensor]", "torch.Generator | None"], ObjectiveOutput]
+Objective = Callable[["DSLModel | Backbone", "dict[str, torch.Tensor]", "torch.Generator | None"], ObjectiveOutput]
 
 
 @dataclass(frozen=True)
@@ -181,17 +182,18 @@ def snr_bucket_name(lo: float, hi: float) -> str:
     return f"snr[{lo:g},{hi:g}{close}"
 
 
-def _require(model: nn.Module, attr: str, objective: str) -> None:
-    if not hasattr(model, attr):
-        raise TypeError(f"the {objective!r} objective needs a model with `{attr}` (a DSLModel); got "
-                        f"{type(model).__name__}")
+def require_dsl(model: DSLModel | Backbone, what: str) -> DSLModel:
+    """`model` itself when it is a DSLModel (it has the continuous path); else a TypeError naming `what`."""
+    if not isinstance(model, DSLModel):
+        raise TypeError(f"{what} needs a DSLModel (continuous path); got {type(model).__name__}")
+    return model
 
 
 # -- DSL ---------------------------------------------------------------------------------------------------
-def dsl_loss(model: nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
+def dsl_loss(model: DSLModel | Backbone, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
              cfg: ObjectiveConfig) -> ObjectiveOutput:
     """DSL continued-pretraining loss (see the module docstring). Draws: γ, then ε."""
-    _require(model, "logits_from_states", "dsl")
+    model = require_dsl(model, "the 'dsl' objective")
     ids = batch["input_ids"]
     B, L = ids.shape
     eligible, prompt = eligible_positions(batch, cfg.mask_prompt)
@@ -244,7 +246,7 @@ def mdm_corrupt(ids: torch.Tensor, mask_id: int, eps: float = 1e-3, generator: t
     return noisy, masked, p
 
 
-def mdm_loss(model: nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
+def mdm_loss(model: DSLModel | Backbone, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
              cfg: ObjectiveConfig) -> ObjectiveOutput:
     """MDM-CPT: Σ_masked CE / p over the eligible positions' count (LLaDA's pretraining loss)."""
     ids = batch["input_ids"]
@@ -372,7 +374,7 @@ def _ce_and_hit_without_mask(logits: torch.Tensor, ids: torch.Tensor, where: tor
     return torch.cat(ces), torch.cat(hits)
 
 
-def xdlm_loss(model: nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
+def xdlm_loss(model: DSLModel | Backbone, batch: dict[str, torch.Tensor], generator: torch.Generator | None,
               cfg: ObjectiveConfig) -> ObjectiveOutput:
     """XDLM continued pretraining with the XDM KL (default) or 1/(1 − α)-weighted CE on corrupted positions."""
     ids = batch["input_ids"]
@@ -424,7 +426,7 @@ class _BoundObjective:
         self.name, self.config = name, config
         self._fn = _LOSSES[name]
 
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor],
+    def __call__(self, model: DSLModel | Backbone, batch: dict[str, torch.Tensor],
                  generator: torch.Generator | None = None) -> ObjectiveOutput:
         return self._fn(model, batch, generator, self.config)
 

@@ -26,7 +26,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..backbones.base import Backbone
 from ..config import ConfigError
+from ..model import DSLModel
 from .train_config import TrainConfig
 
 logger = logging.getLogger("dsl_llada.train")
@@ -63,11 +65,12 @@ def is_no_decay(name: str, param: torch.Tensor, norm_ids: set[int] | None = None
     return len(leaf) >= 2 and ("norm" in leaf[-2].lower() or leaf[-2] in ("ln_f",))
 
 
-def apply_freezing(model: nn.Module, config: TrainConfig) -> dict[str, int]:
+def apply_freezing(model: DSLModel | Backbone, config: TrainConfig) -> dict[str, int]:
     """Set requires_grad per the config on a DSLModel or a bare backbone. Returns counts of frozen tensors by reason."""
     counts: dict[str, int] = {}
-    backbone = getattr(model, "backbone", model)
-    is_dsl = backbone is not model
+    dsl = model if isinstance(model, DSLModel) else None
+    backbone = model.backbone if isinstance(model, DSLModel) else model
+    is_dsl = dsl is not None
 
     def freeze(params: Iterable[nn.Parameter], why: str) -> None:
         for p in params:
@@ -89,11 +92,11 @@ def apply_freezing(model: nn.Module, config: TrainConfig) -> dict[str, int]:
         freeze_wte = is_dsl and not tied and not reads_wte
     if freeze_wte:
         freeze(backbone.input_embeddings().parameters(), "input_embedding")
-    if is_dsl:
+    if dsl is not None:
         fne = config.freeze_noise_embed
         if fne is None:
-            fne = not model.config.converter.trainable_noise_embed
-        model.noise_embed.weight.requires_grad_(not fne)
+            fne = not dsl.config.converter.trainable_noise_embed
+        dsl.noise_embed.weight.requires_grad_(not fne)
         if fne:
             counts["noise_embed"] = 1
     return counts

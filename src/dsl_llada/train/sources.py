@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 def make_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
@@ -23,7 +23,7 @@ def make_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
                     f"str -> token ids, got {type(tokenizer).__name__}")
 
 
-def expand_files(patterns: list[str]) -> list[str]:
+def expand_files(patterns: Sequence[str]) -> list[str]:
     """Glob patterns expanded and sorted; plain paths must exist; every file must be a regular file (a FIFO or
     device would block or never end)."""
     paths: list[str] = []

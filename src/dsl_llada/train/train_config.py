@@ -155,7 +155,7 @@ class TrainConfig(ConfigBase):
     progress: bool = True
     """tqdm progress bar on the main process."""
 
-    _nested: ClassVar[dict[str, type]] = {"objective_options": ObjectiveConfig, "dsl": DSLConfig, "data": DataConfig}
+    _nested: ClassVar[dict[str, type[ConfigBase]]] = {"objective_options": ObjectiveConfig, "dsl": DSLConfig, "data": DataConfig}
 
     def __post_init__(self) -> None:
         # Friendly construction from plain dicts (TrainConfig(data={...})).

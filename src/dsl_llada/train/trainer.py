@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..backbones.base import Backbone
 from ..config import ConfigError
 from ..model import DSLModel
 from ..utils import atomic_write_text
@@ -74,7 +75,7 @@ class TrainResult:
     final_model: Path | None = None
     metrics_file: Path | None = None
     world_size: int = 1
-    model: nn.Module | None = field(default=None, repr=False)
+    model: DSLModel | Backbone | None = field(default=None, repr=False)
     """The trained model (unwrapped; sharded parameters under FSDP)."""
 
 
@@ -187,7 +188,7 @@ class Trainer:
             if self.main else None,
             protect=(self.resume_from,) if self.resume_from is not None and c.resume != "auto" else ())
 
-    def _load_model(self) -> nn.Module:
+    def _load_model(self) -> DSLModel | Backbone:
         """The model to train (from the resume checkpoint, the `model` argument or `init_from`), frozen as configured."""
         c = self.config
         if self.resume_from is None and self._model_arg is None and not c.init_from:
@@ -288,7 +289,7 @@ class Trainer:
         gen = torch.Generator(device=self.device).manual_seed(c.seed + 1_000_003 + self.rank)
         snrs = tuple(c.eval_snrs)
 
-        def run(model: nn.Module) -> dict[str, float]:
+        def run(model: DSLModel | Backbone) -> dict[str, float]:
             return {k: v for k, v in monitor.monitor_all(model, batches, gen, snrs=snrs).items()
                     if not k.endswith(("/n_tokens", "/mask_rate"))}
 

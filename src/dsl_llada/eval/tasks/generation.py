@@ -1,4 +1,4 @@
-"""Open-ended generation (official-impl §5.4): prompts (chat template; prompts_200, long-form = first 100 at gen
+"""Open-ended generation (docs/provenance.md §5.4): prompts (chat template; prompts_200, long-form = first 100 at gen
 512/1024 via `limit`/`gen_length`) and WikiText prefix continuation (raw prefix, no template).
 
 Per item: words, per-text Rep, failure tags. Per (dataset, method, NFE): GenPPL from a local causal LM (each text
@@ -12,7 +12,6 @@ absent = no GenPPL. `mauve`: bool.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..eval_config import DatasetSpec
@@ -52,7 +51,7 @@ def _seed_values(recs: list[dict[str, Any]], ppl: dict[str, tuple[float, int]] |
     out: dict[str, float | None] = {}
     if ppl is not None:
         out["genppl"] = gen_ppl([ppl[ppl_text(t)] for t in texts if t.strip()], mode=mode)
-    out.update({k: None if g[k] is None else float(g[k]) for k in ("d2", "rep", "len")})
+    out.update({k: None if (v := g[k]) is None else float(v) for k in ("d2", "rep", "len")})
     return out
 
 
@@ -90,6 +89,8 @@ class GenerationTask(SamplingTask):
         unknown = sorted(set(options) - {"scorer", "mauve"})
         if unknown:
             raise ValueError(f"generation: unknown option(s) {unknown}; valid: ['mauve', 'scorer']")
+        from ..scorers.genppl import check_scorer_option
+
         check_scorer_option(options.get("scorer"))
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
@@ -163,57 +164,14 @@ def _counts(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def make_scorer(opts: Any, cache=None):
-    """The GenPPL scorer of the task option `scorer` ('smollm2' or {path, gguf_file, batch_size, max_length, device})."""
-    from ..scorers.genppl import CausalLMScorer
-
-    if opts == "smollm2":
-        return CausalLMScorer.smollm2(cache_path=cache)
-    if isinstance(opts, dict) and "path" in opts:
-        return CausalLMScorer(opts["path"], gguf_file=opts.get("gguf_file"), device=opts.get("device", "cpu"),
-                              batch_size=int(opts.get("batch_size", 8)), max_length=int(opts.get("max_length", 1024)),
-                              cache_path=cache)
-    raise ValueError(f"generation option scorer={opts!r} is not valid; use 'smollm2' or {{path: FOLDER, gguf_file: ...}}")
-
-
-def check_scorer_option(opts: Any) -> None:
-    """Fail before the run when the scorer folder (or the SmolLM2 package) is missing."""
-    from ..scorers.genppl import ScorerError, smollm2_dir
-
-    if opts is None:
-        return
-    if opts == "smollm2":
-        smollm2_dir()
-        return
-    if not isinstance(opts, dict) or "path" not in opts:
-        raise ValueError(f"generation option scorer={opts!r} is not valid; use 'smollm2' or {{path: FOLDER, gguf_file: ...}}")
-    folder = Path(opts["path"])
-    if not folder.is_dir():
-        raise ScorerError(f"GenPPL scorer folder {str(folder)!r} does not exist (a Hugging Face causal-LM folder, or one "
-                          f"holding the .gguf named by gguf_file)")
-    if opts.get("gguf_file") and not (folder / opts["gguf_file"]).is_file():
-        raise ScorerError(f"GenPPL scorer: {opts['gguf_file']!r} is not a file in {folder}")
-    if not opts.get("gguf_file"):
-        if not (folder / "config.json").is_file():
-            raise ScorerError(f"GenPPL scorer folder {folder} has no config.json: not a Hugging Face causal LM")
-        import json
-
-        from transformers.models.auto.modeling_auto import (
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        )
-
-        mt = json.loads((folder / "config.json").read_text()).get("model_type")
-        if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            raise ScorerError(f"GenPPL scorer folder {folder} is not a causal LM (model_type {mt!r} has no causal-LM "
-                              f"class in transformers); use e.g. a gpt2 / llama / qwen2 folder")
-
-
 def _nlls(records: list[dict[str, Any]], ctx: SummaryContext) -> dict[str, tuple[float, int]] | None:
     """ppl_text -> (NLL sum, tokens) for every non-empty output, scored once each (cached across methods and runs)."""
     opts = ctx.task.options.get("scorer")
     if not opts:
         return None
-    scorer = make_scorer(opts, ctx.run_dir / "genppl_cache.jsonl")
+    from ..scorers.genppl import scorer_from_option
+
+    scorer = scorer_from_option(opts, ctx.run_dir / "genppl_cache.jsonl")
     texts = list(dict.fromkeys(ppl_text(r.get("text", "")) for r in records
                                if r.get("error") is None and r.get("text", "").strip()))
     return dict(zip(texts, scorer.nll(texts))) if texts else {}

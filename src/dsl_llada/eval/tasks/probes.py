@@ -1,4 +1,4 @@
-"""Probes as a task (official-impl §5.2/§5.3), wrapping `dsl_llada.eval.forward_probes`: mask accuracy + ECE (15 bins)
+"""Probes as a task (docs/provenance.md §5.2/§5.3), wrapping `dsl_llada.eval.forward_probes`: mask accuracy + ECE (15 bins)
 at mask rates 30/50/70 % with a reliability diagram, and context robustness (30 % masked, c % of the context
 corrupted, micro accuracy). One-forward task: items are keyed by model and text.
 

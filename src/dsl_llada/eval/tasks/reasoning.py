@@ -1,4 +1,4 @@
-"""GSM8K and MATH with the paper's prompts (official-impl §5.8) and answer scoring in both modes.
+"""GSM8K and MATH with the paper's prompts (docs/provenance.md §5.8) and answer scoring in both modes.
 
 Per item the record holds the extracted answer and whether it is correct in the default mode and in the
 authors' mode (so one run reports both); the summary's accuracy uses the run's `scoring_mode`.
@@ -48,7 +48,8 @@ class ReasoningTask(SamplingTask):
             q, gold = row.get(qf), row.get(gf)
             if not isinstance(q, str) or not q.strip() or gold is None or str(gold).strip() == "":
                 continue
-            gold = gold_authors = str(gold)
+            gold = str(gold)
+            gold_authors: str | None = gold
             if kind == "math" and gf == "solution":  # each mode extracts the gold its own way
                 from ..answers import extract_math_gold
 

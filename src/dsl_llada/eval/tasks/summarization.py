@@ -1,4 +1,4 @@
-"""Zero-shot summarization (official-impl §5.5/§5.6): XSum, CNN/DM, PubMed, arXiv with the paper's prompts and
+"""Zero-shot summarization (docs/provenance.md §5.5/§5.6): XSum, CNN/DM, PubMed, arXiv with the paper's prompts and
 generation lengths; ROUGE-1/2/L F1 per sample (rouge-score, rougeL, stemmer, empty output = 0); failure tags;
 optional BERTScore from a local encoder folder; ROUGE-1 delta buckets against a baseline method.
 
@@ -77,7 +77,7 @@ class SummarizationTask(SamplingTask):
             if pf:
                 prompt = row.get(pf)
             else:
-                text = row.get(tf)
+                text = None if tf is None else row.get(tf)
                 prompt = template.replace("{text}", " ".join(text.split()[:MAX_SOURCE_WORDS])
                                           if isinstance(text, str) and len(text.split()) > MAX_SOURCE_WORDS else text) \
                     if isinstance(text, str) else None

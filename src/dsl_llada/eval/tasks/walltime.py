@@ -1,4 +1,4 @@
-"""Wall time per sample (the paper's wall-time table; official-impl §5.9), as an evaluation task.
+"""Wall time per sample (the paper's wall-time table; docs/provenance.md §5.9), as an evaluation task.
 
 The prompts are a fixed subset of each dataset (numpy RandomState(42) choice of `n_prompts` rows, 20 by default) read
 with the protocol of the `source` task (summarization by default, as the paper: its prompts and generation lengths).
@@ -10,7 +10,7 @@ plots seconds per sample against NFE with the autoregressive baselines as horizo
 
 Task options: `n_prompts` (20), `source` ('summarization' | 'generation' | 'reasoning').
 
-Protocol (official-impl §5.9): batch size 1, the model loaded once, one warm-up call per method, the device
+Protocol (docs/provenance.md §5.9): batch size 1, the model loaded once, one warm-up call per method, the device
 synchronised before and after every sample, median and mean seconds per sample. Throughput counts *generated* tokens
 only (the response up to its first EOS/EoT — never the prompt, never padding). Diffusion methods run through this
 project's samplers; the autoregressive baselines through any local Hugging Face causal LM's greedy `generate` with
@@ -31,9 +31,14 @@ import torch
 from ...utils import save_figure
 from ..eval_config import DatasetSpec
 from ..samples import Sample
+from .generation import GenerationTask
+from .reasoning import ReasoningTask
+from .summarization import SummarizationTask
 from .task import SamplingTask, SummaryContext, TaskSummary, group_records
 
-SOURCES = ("summarization", "generation", "reasoning")
+SOURCES: dict[str, type[SamplingTask]] = {"summarization": SummarizationTask, "generation": GenerationTask,
+                                          "reasoning": ReasoningTask}
+"""The tasks whose prompts and generation lengths the wall-time task can time (option `source`)."""
 
 
 def choose_prompts(n_rows: int, k: int, seed: int = 42) -> list[int]:
@@ -90,10 +95,8 @@ class WalltimeTask(SamplingTask):
     def __init__(self) -> None:
         self._source_name = "summarization"
 
-    def _source(self, options: dict[str, Any]):
-        from . import get_task
-
-        return get_task(options.get("source", "summarization"))
+    def _source(self, options: dict[str, Any]) -> SamplingTask:
+        return SOURCES[options.get("source", "summarization")]()
 
     def check_options(self, options: dict[str, Any]) -> None:
         bad = sorted(set(options) - {"n_prompts", "source"})
@@ -114,9 +117,7 @@ class WalltimeTask(SamplingTask):
         return [rows[i] for i in keep]
 
     def gen_length(self, ds: DatasetSpec) -> int:
-        from . import get_task
-
-        return get_task(self._source_name).gen_length(ds)
+        return SOURCES[self._source_name]().gen_length(ds)
 
     def item_metrics(self, info: dict[str, Any], text: str, mode: str) -> dict[str, Any]:
         return {"words": len(text.split())}

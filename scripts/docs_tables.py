@@ -1,12 +1,12 @@
 """Every number table in docs/ traced to the command and environment that made it; the cheap ones re-made.
 
-    python -m dsl_llada.docs_tables --lint          every number table names its command and environment record
+    python scripts/docs_tables.py --lint            every number table names its command and environment record
                                                     (or says it predates the record); exit 1 naming the ones that
                                                     do not
-    python -m dsl_llada.docs_tables --check         re-make the cheap registered tables (about a minute on a 2-core
+    python scripts/docs_tables.py --check           re-make the cheap registered tables (about a minute on a 2-core
                                                     CPU) and exit 1 when a value leaves the 95 % interval the docs
                                                     state for it
-    python -m dsl_llada.docs_tables --write [NAME]  re-make registered tables and replace their blocks in docs/
+    python scripts/docs_tables.py --write [NAME]    re-make registered tables and replace their blocks in docs/
 
 A registered table sits in its document between ``<!-- docs-table: NAME -->`` and ``<!-- /docs-table -->``; each
 cell is ``value [low, high]`` (the 95 % bootstrap interval over prompts, `dsl_llada.stats`).
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout this script runs from (the tables document it)."""
 DOCS = ROOT / "docs"
 _CELL = re.compile(r"^\s*(-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]\s*$")
 COMMAND_MARKS = ("Command:", "```bash", "`dsl-llada ", "`python ", "Measured with `", "command:")
@@ -40,7 +41,7 @@ class Table:
 
 
 def _toy_examples() -> tuple[Any, Any]:
-    from .toy.demo import Demo, DemoConfig
+    from dsl_llada.toy.demo import Demo, DemoConfig
 
     demo = Demo(DemoConfig.preset(quick=True), ROOT / ".docs-tables-unused", progress=False, echo=lambda *_: None)
     _, evals = demo.corpora()
@@ -53,8 +54,8 @@ _COLUMNS = [("ppl", "PPL", ".2f"), ("in_support", "in-support %", ".1f"), ("len"
 
 def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, env: dict[str, Any]
             ) -> tuple[str, dict[tuple[str, str], float]]:
-    from .environment import environment_footer
-    from .eval.report import markdown_table
+    from dsl_llada.environment import environment_footer
+    from dsl_llada.eval.report import markdown_table
 
     values = {(str(r[label]), h): float(r[k]) for r in rows for k, h, _ in _COLUMNS if r.get(k) is not None}
     text = "\n".join([intro, "", f"Command: `{command}`", "",
@@ -64,8 +65,8 @@ def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, en
 
 def make_toy_reference() -> tuple[str, dict[tuple[str, str], float]]:
     """The world's own samples for the quick demo's held-out prompts, scored exactly (no model: seconds)."""
-    from .environment import environment_record, finish_record
-    from .toy.evaluate import aggregate, score_record
+    from dsl_llada.environment import environment_record, finish_record
+    from dsl_llada.toy.evaluate import aggregate, score_record
 
     env = environment_record(device="cpu", seeds={"world": 0})
     demo, evals = _toy_examples()
@@ -74,7 +75,7 @@ def make_toy_reference() -> tuple[str, dict[tuple[str, str], float]]:
     rows = [dict(r, label=f"world, {r['task']}") for r in aggregate(recs)]
     return _render(rows, "label", f"The toy world's own samples for the quick demo's {len(evals)} held-out prompts, "
                    "scored exactly (the reference every sampler is compared with).",
-                   "python -m dsl_llada.docs_tables --write toy-reference", finish_record(env))
+                   "python scripts/docs_tables.py --write toy-reference", finish_record(env))
 
 
 def make_toy_untrained() -> tuple[str, dict[tuple[str, str], float]]:
@@ -82,10 +83,10 @@ def make_toy_untrained() -> tuple[str, dict[tuple[str, str], float]]:
     scoring end to end in seconds; the values are those of a random model, not of the method)."""
     import torch
 
-    from .config import ConverterConfig, DSLConfig
-    from .environment import environment_record, finish_record
-    from .model import DSLModel
-    from .toy.evaluate import Method, aggregate, sample_records
+    from dsl_llada.config import ConverterConfig, DSLConfig
+    from dsl_llada.environment import environment_record, finish_record
+    from dsl_llada.model import DSLModel
+    from dsl_llada.toy.evaluate import Method, aggregate, sample_records
 
     env = environment_record(device="cpu", dtype=torch.float32, seeds={"init": 0, "sampling": 0})
     demo, evals = _toy_examples()
@@ -99,7 +100,7 @@ def make_toy_untrained() -> tuple[str, dict[tuple[str, str], float]]:
     return _render(rows, "label", f"DSL-SDE and LLaDA remasking at NFE 8 on a seeded *untrained* demo-shaped model, "
                    f"the quick demo's {len(evals)} held-out prompts (a cheap end-to-end check of the samplers and "
                    "the exact scoring; the values describe a random model, not the method).",
-                   "python -m dsl_llada.docs_tables --write toy-untrained", finish_record(env))
+                   "python scripts/docs_tables.py --write toy-untrained", finish_record(env))
 
 
 TABLES = {t.name: t for t in (
@@ -153,7 +154,7 @@ def check_table(table: Table) -> list[str]:
 
 
 def write_table(table: Table) -> None:
-    from .utils import atomic_write_text
+    from dsl_llada.utils import atomic_write_text
 
     text, _ = table.make()
     block = f"<!-- docs-table: {table.name} -->\n{text.strip()}\n<!-- /docs-table -->"
@@ -197,14 +198,14 @@ def lint(docs: Path = DOCS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsl_llada.docs_tables", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python scripts/docs_tables.py", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--check", action="store_true", help="re-make the cheap tables; fail when a value leaves its interval")
     g.add_argument("--lint", action="store_true", help="every number table names its command and environment")
     g.add_argument("--write", nargs="*", metavar="NAME", help=f"re-make tables into docs/ ({', '.join(TABLES)}; "
                                                                "default all)")
     ap.add_argument("--docs", type=Path, default=None,
-                    help="the docs folder (default: docs/ of the checkout this module runs from)")
+                    help="the docs folder (default: docs/ of the checkout this script runs from)")
     a = ap.parse_args(argv)
     global DOCS
     if a.docs is not None:
