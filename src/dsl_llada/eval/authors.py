@@ -1,8 +1,7 @@
 """Protocol steps of the authors' evaluation code that need their own random draws or helpers (``mode="authors"``).
 
 Each function reproduces one step described in ``docs/provenance.md`` §5 (facts, not code, were carried over);
-``docs/evaluation.md`` lists which section each comes from and where the facts leave a choice open, and
-``docs/provenance.md`` §9 the steps that still differ from the authors' code.
+``docs/evaluation.md`` lists which section each comes from and where the facts leave a choice open.
 
 * :func:`corrupt_random_tokens` — random-token corruption of §5.1 with ``numpy.random.RandomState(seed)``: one
   ``choice(n, n_c, replace=False)`` for the positions (``n_c = max(1, int(n * rate))``), sorted ascending, then,
