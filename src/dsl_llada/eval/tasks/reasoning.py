@@ -53,12 +53,13 @@ class ReasoningTask(SamplingTask):
             if kind == "math" and gf == "solution":  # each mode extracts the gold its own way
                 from ..answers import extract_math_gold
 
-                gold = extract_math_gold(gold_authors) or ""
-                gold_authors = extract_math_gold(gold_authors, "authors")
+                solution = gold
+                gold = extract_math_gold(solution) or ""
+                gold_authors = extract_math_gold(solution, "authors")
             elif kind == "gsm8k" and gf != "gold_answer":  # a solution ending in '#### N' (the official field)
                 from ..answers import gsm8k_gold
 
-                gold_authors = gsm8k_gold(gold_authors, "authors")
+                gold_authors = gsm8k_gold(gold, "authors")
             out.append(Sample(row_id(ds, row, i, idf), i, template.replace("{text}", q), True,
                               {"gold": gold, "gold_authors": gold_authors, "kind": kind}))
         return check_usable(ds, out, len(rows), f"rows need a non-empty {qf!r} and {gf!r}")
