@@ -186,3 +186,38 @@ def test_unknown_prompt_is_named():
         oracle(torch.eye(w.vocab_size + 1)[None, :10])
     assert math.isclose(float(oracle.wte.weight.sum()), w.vocab_size)
     assert W.SUMMARY_PREFIX == "summarize :"
+
+
+# ------------------------------------------------------------------ the Bayes floor
+
+
+def _held_out(w, tok, n=6):
+    from dsl_llada.toy.demo_train import sft_tensors
+
+    exs = toy.make_split(w, n, "open", "valid") + toy.make_split(w, n // 2, "summarize", "valid")
+    block = max(len(tok.encode(toy.render_prompt(e.prompt), add_special_tokens=False)) for e in exs) + w.config.gen_length
+    return sft_tensors(tok, exs, w.config.gen_length, block)
+
+
+def test_the_oracle_sits_on_its_own_floor_and_a_random_model_above_it(demo_world):
+    from helpers import toy_backbone
+
+    from dsl_llada.config import ConverterConfig, DSLConfig
+    from dsl_llada.model import DSLModel
+    from dsl_llada.toy.bayes_floor import dsl_curve, dsl_excess, mdm_curve
+
+    w, tok, om = demo_world
+    ids, plen = _held_out(w, tok)
+    sp = special(w)
+    for p in dsl_curve(om, w, sp, ids, plen, snrs=(0.5, 8.0)):
+        assert p.excess == pytest.approx(0.0, abs=1e-5) and p.n == int((ids.shape[1] - plen).sum())
+    _, bb = toy_backbone(w)
+    model = DSLModel.convert(bb, DSLConfig(converter=ConverterConfig(noise_dim=32))).eval()
+    pts = dsl_curve(model, w, sp, ids, plen, snrs=(0.5, 8.0))
+    assert all(p.excess > 0.5 for p in pts)
+    assert pts[1].oracle_ce < pts[0].oracle_ce  # more signal, lower floor
+    mixed = dsl_excess(model, w, sp, ids, plen)
+    assert mixed.excess > 0.5 and math.isnan(mixed.level)
+    masked = mdm_curve(bb, w, sp, ids, plen, rates=(0.3, 1.0))
+    assert all(p.excess > 0.5 for p in masked) and masked[0].oracle_ce < masked[1].oracle_ce
+    assert mdm_curve(om.backbone, w, sp, ids, plen, rates=(0.5,))[0].excess == pytest.approx(0.0, abs=1e-6)

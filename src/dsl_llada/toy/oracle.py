@@ -43,8 +43,8 @@ from .pfsa import Pfsa
 from .tasks import open_prompts, summary_machine
 from .world import ToyWorld
 
-__all__ = ["EMISSION_FLOOR", "ORACLE_FAMILY", "ResponseChain", "ToyOracle", "oracle_dsl_model", "posterior_marginals",
-           "response_machine"]
+__all__ = ["EMISSION_FLOOR", "ORACLE_FAMILY", "ResponseChain", "ToyOracle", "oracle_dsl_model", "oracle_models",
+           "posterior_marginals", "response_machine"]
 
 ORACLE_FAMILY = "toy-oracle"
 EMISSION_FLOOR = 1e-30
@@ -272,3 +272,10 @@ def oracle_dsl_model(world: ToyWorld, special: SpecialTokens, noise_table: torch
         model.converter.logit_bias[special.mask] = MASKED_BIAS
         model.converter.beta.fill_(1.0)
     return model.requires_grad_(False).eval()
+
+
+def oracle_models(world: ToyWorld, special: SpecialTokens, dsl: DSLModel) -> dict[str, torch.nn.Module]:
+    """The demo's oracle entries: 'oracle' (the masked-observation oracle, for the discrete samplers) and
+    'oracle-dsl' (the DSL-observation oracle over the trained DSL model's own noise table)."""
+    return {"oracle": ToyOracle(world, special).eval(),
+            "oracle-dsl": oracle_dsl_model(world, special, dsl.unit_noise().detach().float().cpu())}
