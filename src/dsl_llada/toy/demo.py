@@ -287,6 +287,8 @@ class Demo:
             ids, plen = self.heldout()
             p = dsl_excess(m, self.world, self.special, ids, plen, seed=self.cfg.seed)
             checks.append({"step": step, "excess": p.excess, "model_ce": p.model_ce, "oracle_ce": p.oracle_ce})
+            self.echo(f"      update {step}: held-out excess loss {p.excess:.3f} nats over the Bayes floor "
+                      f"{p.oracle_ce:.3f} (target <= {target:g})")
             return p.excess <= target
 
         curve = run_stage(model, self.tok, train, stage, seed=self.cfg.seed + 1, block_size=self._block(train),
@@ -295,12 +297,13 @@ class Demo:
         self.timings[f"{objective}_s"] = time.perf_counter() - t
         if target:
             self.stops[objective] = {"target": target, "steps": len(curve), "checks": checks}
-            atomic_write_text(path / "stop.json", json.dumps(self.stops[objective]))
         if objective == "dsl":
             model.save_pretrained(path)
         else:
             save_backbone(model, path)
         self.tok.save_pretrained(str(path))
+        if objective in self.stops:
+            atomic_write_text(path / "stop.json", json.dumps(self.stops[objective]))
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
         self._seal(path)
         return model
