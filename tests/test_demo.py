@@ -11,7 +11,7 @@ from dsl_llada.cli import main
 from dsl_llada.toy.demo import DemoConfig
 
 EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block",
-                    "ReMDM", "DSL-Remask"}
+                    "ReMDM", "DSL-Remask", "Oracle DSL-SDE", "Oracle DSL-SDE (eta=1, beta_inf=beta)", "Oracle LLaDA"}
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +22,10 @@ def quick_report(tmp_path_factory):
 
 
 def test_report_files(quick_report):
-    for name in ("report.md", "nfe_curve.png", "results.jsonl", "config.json"):
+    for name in ("report.md", "nfe_curve.png", "results.jsonl", "config.json", "excess_loss.png", "bayes_floor.json"):
         assert (quick_report / name).is_file(), name
-    assert (quick_report / "nfe_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in ("nfe_curve.png", "excess_loss.png"):
+        assert (quick_report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(quick_report.glob(".*.tmp")), "temporary files left behind"
 
 
@@ -52,7 +53,7 @@ def test_results_cover_every_method_nfe_and_prompt(quick_report):
         if r["task"] == "summarize":
             assert all(0.0 <= r["rouge"][k] <= 100.0 for k in ("rouge1", "rouge2", "rougeL"))
         # the SDE's forward passes are 2S + 1; remasking runs exactly NFE forwards
-        expected = r["nfe"] + 1 if r["method"].startswith("DSL-SDE") else r["nfe"]
+        expected = r["nfe"] + 1 if "DSL-SDE" in r["method"] else r["nfe"]
         assert r["forward_passes"] == expected
 
 
@@ -70,7 +71,8 @@ def test_report_gives_intervals_verdicts_and_the_environment(quick_report):
     text = (quick_report / "report.md").read_text()
     assert "## Verdicts: the paper's claims at this scale" in text
     verdicts = [ln for ln in text.splitlines() if ln.strip().startswith("- NFE ")]
-    assert len(verdicts) == 4 * len(DemoConfig.preset(quick=True).nfes)  # 4 claims x NFE
+    assert len(verdicts) == 2 * 4 * len(DemoConfig.preset(quick=True).nfes)  # (trained, oracle) x 4 claims x NFE
+    assert sum("Oracle DSL-SDE " in ln and " vs Oracle LLaDA " in ln for ln in verdicts) == 4 * 3
     assert all(ln.endswith(("**reproduced**", "**contradicted**", "**inconclusive**")) for ln in verdicts)
     assert "| DSL-SDE | " in text and " [" in text.split("exact perplexity (lower is better)")[1].split("##")[0]
     env = json.loads((quick_report / "config.json").read_text())["environment"]
@@ -88,7 +90,7 @@ def test_seeds_option_is_bounded(tmp_path, capsys):
 def test_second_run_reuses_cached_models(quick_report, capsys):
     assert main(["demo", "--quick", "--out", str(quick_report), "-q"]) == 0
     out = capsys.readouterr().out
-    assert "pretrained masked DLM: cached" in out
+    assert "pretrained masked DLM: the one shipped with the package" in out
     assert "DSL continue-pretraining: cached" in out
 
 
@@ -106,3 +108,24 @@ def test_controls_flag_adds_mdm_cpt_and_xdlm(quick_report, capsys):
     assert {r["method"] for r in rows} == EXPECTED_METHODS | {"MDM-CPT", "XDLM"}
     text = (quick_report / "report.md").read_text()
     assert "| mdm | 10% |" in text and "| xdlm | 50% |" in text
+
+
+def test_report_measures_every_checkpoint_against_the_bayes_floor(quick_report):
+    data = json.loads((quick_report / "bayes_floor.json").read_text())
+    rows = data["rows"]
+    assert {r["model"] for r in rows} == {"pretrained MDM", "DSL"}
+    assert {r["kind"] for r in rows if r["model"] == "DSL"} == {"dsl", "dsl-train"}
+    for r in rows:
+        assert r["oracle_ce"] >= 0 and r["n"] > 0
+        assert r["model_ce"] > r["oracle_ce"] - 0.02  # no model beats the Bayes floor beyond sampling noise
+    dsl = [r for r in rows if r["kind"] == "dsl"]
+    assert [r["oracle_ce"] for r in dsl] == sorted((r["oracle_ce"] for r in dsl), reverse=True)  # more SNR, lower floor
+    text = (quick_report / "report.md").read_text()
+    assert "## Where off-grammar text comes from" in text and "![excess loss](excess_loss.png)" in text
+
+
+def test_the_oracle_sde_stays_in_the_grammar(quick_report):
+    """With the exact denoiser the paper-default SDE writes in-support text: what the trained rows lose is model error."""
+    rows = [json.loads(line) for line in (quick_report / "results.jsonl").read_text().splitlines()]
+    oracle = [r for r in rows if r["method"] == "Oracle DSL-SDE" and r["task"] == "open"]
+    assert oracle and sum(r["in_support"] for r in oracle) / len(oracle) >= 0.9

@@ -26,12 +26,13 @@ from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import Backbone, SpecialTokens
 from ..config import ConfigBase, ConverterConfig, DSLConfig
-from ..environment import environment_footer, environment_record, finish_record
+from ..environment import environment_record, finish_record
 from ..loading import DTYPES
-from ..eval.report import markdown_table, pivot, plot_nfe_curves
+from ..eval.report import pivot, plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
-from .evaluate import CONTROL_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, score_record
+from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, \
+    score_record
 from .cache_frontier import FrontierConfig, run_frontier
 from .frontier_report import recommendation_lines, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
@@ -39,7 +40,12 @@ from .tasks import make_split
 from .tokenizer import build_tokenizer, special_ids
 from .verdicts import verdict_lines, verdicts
 from .world import ToyWorld, ToyWorldConfig
+from .bayes_floor import dsl_excess
+from .demo_report import render_report
 from .demo_train import TrainStage, run_stage
+from .floor_report import floor_rows, held_out, plot_excess
+from .oracle import oracle_models
+from .shipped import load_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +70,23 @@ class DemoConfig(ConfigBase):
     world: dict = field(default_factory=lambda: {"n_topics": 4, "max_sentences": 3, "gen_length": 32})
     """ToyWorldConfig overrides (a 4-topic world with responses of at most 3 sentences, padded to 32 tokens,
     is what a 2-core CPU learns in a few minutes)."""
-    pretrain: TrainStage = field(default_factory=lambda: TrainStage(objective="mdm", steps=3000, lr=1e-3, warmup=100,
+    pretrain: TrainStage = field(default_factory=lambda: TrainStage(objective="mdm", steps=4500, lr=1e-3, warmup=100,
                                                                     stratified_t=True))
-    cpt: TrainStage = field(default_factory=lambda: TrainStage(objective="dsl", steps=1000, lr=5e-4, warmup=50))
+    pretrained: str = "auto"
+    """'auto': start from the pretrained masked DLM shipped with the package when this configuration is the one it
+    was trained for (`toy/shipped.py`), else pretrain; 'scratch': always pretrain (`--from-scratch`)."""
+    cpt: TrainStage = field(default_factory=lambda: TrainStage(objective="dsl", steps=2000, lr=5e-4, warmup=50))
+    """The continue-pretraining stage; for DSL `steps` is a cap (see `cpt_target_excess`)."""
+    cpt_target_excess: float = 0.12
+    """The DSL stage ends once its held-out excess loss over the exact Bayes floor (γ from the training mix,
+    nats per position, `bayes_floor.dsl_excess`) is at most this, checked every `cpt_check_every` updates; 0 = run
+    all `cpt.steps`. A measured point, not a step count, so that hosts whose kernels train different trajectories
+    stop at the same quality."""
+    cpt_check_every: int = 250
+    oracle: bool = True
+    """Also sample with the exact oracle denoisers and measure every checkpoint against the Bayes floor."""
+    n_heldout: int = 64
+    """Held-out conversations per task for the Bayes-floor measurements (the 'valid' split)."""
     n_eval_open: int = 48
     n_eval_summarize: int = 24
     nfes: tuple = (4, 8, 16, 32, 64)
@@ -82,18 +102,19 @@ class DemoConfig(ConfigBase):
 
     @classmethod
     def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, sample_seeds: int = 1,
-               dtype: str = "float32") -> "DemoConfig":
+               dtype: str = "float32", from_scratch: bool = False) -> "DemoConfig":
         if not 1 <= sample_seeds <= MAX_SAMPLE_SEEDS:
             raise ValueError(f"--seeds must be an integer from 1 to {MAX_SAMPLE_SEEDS}, got {sample_seeds!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_DEMO_SEED:
             raise ValueError(f"--seed {seed!r} is out of range: it must be an integer from 0 to {MAX_DEMO_SEED} (the "
                              f"demo's generators take 32-bit seeds)")
+        pretrained = "scratch" if from_scratch else "auto"
         if not quick:
-            return cls(seed=seed, controls=controls, sample_seeds=sample_seeds, dtype=dtype)
-        return cls(seed=seed, quick=True, controls=controls, sample_seeds=sample_seeds, dtype=dtype, n_train=2000,
-                   n_eval_open=16, n_eval_summarize=8,
-                   nfes=(4, 16, 64), pretrain=TrainStage(objective="mdm", steps=400, lr=2e-3, warmup=40, stratified_t=True),
-                   cpt=TrainStage(objective="dsl", steps=120, lr=1e-3, warmup=10))
+            return cls(seed=seed, controls=controls, sample_seeds=sample_seeds, dtype=dtype, pretrained=pretrained)
+        return cls(seed=seed, quick=True, controls=controls, sample_seeds=sample_seeds, dtype=dtype,
+                   n_eval_open=16, n_eval_summarize=8, nfes=(4, 16, 64), n_heldout=16, cpt_target_excess=0.0,
+                   pretrained=pretrained,
+                   cpt=TrainStage(objective="dsl", steps=150, lr=1e-3, warmup=10))
 
 
 MAX_SAMPLE_SEEDS = 16
@@ -155,6 +176,17 @@ class Demo:
         self.timings: dict[str, float] = {}
         self.environment = environment_record(device="cpu", dtype=torch.float32, seeds={"demo": config.seed})
         """Where this run was made (written into every config.json, summarised in the report's footer)."""
+        self.base_source = "scratch"
+        """Where the pretrained masked DLM came from: 'package' (the shipped checkpoint) or 'scratch'."""
+        self.stops: dict[str, dict[str, Any]] = {}
+        """Per continue-pretraining stage that ran to a target: its checks of the excess loss and where it ended."""
+        self._heldout: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def heldout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held-out conversations of the Bayes-floor measurements (built once)."""
+        if self._heldout is None:
+            self._heldout = held_out(self.world, self.tok, self.cfg.n_heldout, self.gen_length)
+        return self._heldout
 
     # -- data --------------------------------------------------------------------------------------
     def corpora(self, n_open: int | None = None, n_summarize: int | None = None):
@@ -203,6 +235,12 @@ class Demo:
     def pretrained(self, train) -> LLaDABackbone:
         key = {"stage": "pretrain", "cfg": self.cfg.pretrain.to_dict(), "arch": [self.cfg.d_model, self.cfg.n_layers,
                self.cfg.n_heads], "n_train": self.cfg.n_train, "seed": self.cfg.seed, "world": self.world.config.to_dict()}
+        shipped = load_pretrained(key, self.special) if self.cfg.pretrained == "auto" else None
+        if shipped is not None:
+            self.base_source = "package"
+            self.echo("[1/4] pretrained masked DLM: the one shipped with the package (docs/toy-world.md; "
+                      "--from-scratch retrains it)")
+            return shipped
         path, hit = self._cached("pretrained-mdm", key)
         if hit:
             self.echo(f"[1/4] pretrained masked DLM: cached ({path.name})")
@@ -224,27 +262,49 @@ class Demo:
         key = {"stage": objective, "base": self.cfg.pretrain.to_dict(), "cfg": stage.to_dict(),
                "noise_dim": self.cfg.noise_dim, "seed": self.cfg.seed, "n_train": self.cfg.n_train,
                "world": self.world.config.to_dict(),
-               "arch": [self.cfg.d_model, self.cfg.n_layers, self.cfg.n_heads]}
+               "arch": [self.cfg.d_model, self.cfg.n_layers, self.cfg.n_heads], "base_source": self.base_source}
+        target = self.cfg.cpt_target_excess if objective == "dsl" else 0.0
+        if target:
+            key.update(target_excess=target, check_every=self.cfg.cpt_check_every, n_heldout=self.cfg.n_heldout)
         path, hit = self._cached(f"cpt-{objective}", key)
         label = {"dsl": "DSL continue-pretraining", "mdm": "MDM-CPT control", "xdlm": "XDLM control"}[objective]
         if hit:
             self.echo(f"      {label}: cached ({path.name})")
+            if (path / "stop.json").is_file():
+                self.stops[objective] = json.loads((path / "stop.json").read_text())
             return DSLModel.from_pretrained(path) if objective == "dsl" else load_backbone(path, special=self.special)
-        self.echo(f"      {label} ({stage.steps} steps)")
+        self.echo(f"      {label} ({stage.steps} steps" + (f", ending once the held-out excess loss over the Bayes "
+                                                          f"floor is <= {target:g} nats)" if target else ")"))
         copied = self._copy_backbone(base)
         model: DSLModel | Backbone = copied
         if objective == "dsl":
             model = DSLModel.convert(copied, DSLConfig(converter=ConverterConfig(noise_dim=self.cfg.noise_dim, beta_init=1.0,
                                                                                 noise_seed=self.cfg.seed)))
         t = time.perf_counter()
-        curve = run_stage(model, self.tok, train, stage, seed=self.cfg.seed + 1, block_size=self._block(train), gen_length=self.gen_length,
-                          progress=self.progress, desc=label)
+        checks: list[dict[str, float]] = []
+
+        def check(step: int, m: torch.nn.Module) -> bool:
+            assert isinstance(m, DSLModel)  # only the DSL stage runs to a target
+            ids, plen = self.heldout()
+            p = dsl_excess(m, self.world, self.special, ids, plen, seed=self.cfg.seed)
+            checks.append({"step": step, "excess": p.excess, "model_ce": p.model_ce, "oracle_ce": p.oracle_ce})
+            self.echo(f"      update {step}: held-out excess loss {p.excess:.3f} nats over the Bayes floor "
+                      f"{p.oracle_ce:.3f} (target <= {target:g})")
+            return p.excess <= target
+
+        curve = run_stage(model, self.tok, train, stage, seed=self.cfg.seed + 1, block_size=self._block(train),
+                          gen_length=self.gen_length, progress=self.progress, desc=label, check=check if target else None,
+                          check_every=self.cfg.cpt_check_every)
         self.timings[f"{objective}_s"] = time.perf_counter() - t
+        if target:
+            self.stops[objective] = {"target": target, "steps": len(curve), "checks": checks}
         if isinstance(model, DSLModel):  # the "dsl" objective
             model.save_pretrained(path)
         else:
             save_backbone(model, path)
         self.tok.save_pretrained(str(path))
+        if objective in self.stops:
+            atomic_write_text(path / "stop.json", json.dumps(self.stops[objective]))
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
         self._seal(path)
         return model
@@ -279,10 +339,16 @@ class Demo:
             methods += list(CONTROL_METHODS)
         if self.cfg.dtype != "float32":
             models = {k: cast_for_inference(m, DTYPES[self.cfg.dtype]) for k, m in models.items()}
+        sampling_models: dict[str, DSLModel | Backbone] = dict(models)
+        if self.cfg.oracle:
+            dsl = models["dsl"]
+            assert isinstance(dsl, DSLModel)
+            sampling_models.update(oracle_models(self.world, self.special, dsl))
+            methods += list(ORACLE_METHODS)
         self.echo(f"[3/4] sampling {len(evals)} held-out prompts x {len(methods)} methods x NFE {list(self.cfg.nfes)}")
         t = time.perf_counter()
         records = [r for k in range(self.cfg.sample_seeds)
-                   for r in sample_records(models, self.world, self.tok, evals, methods, self.cfg.nfes,
+                   for r in sample_records(sampling_models, self.world, self.tok, evals, methods, self.cfg.nfes,
                                            gen_length=self.gen_length, batch_size=self.cfg.batch_size,
                                            seed=self.cfg.seed, sample_seed=k)]
         self.timings["sampling_s"] = time.perf_counter() - t
@@ -292,10 +358,16 @@ class Demo:
         self.truth_rows = aggregate(truth)
         fixclean = error_correction(models, self.tok, evals[: self.cfg.n_eval_open], n_words=len(self.world.words),
                                     seed=42)
+        floors: list[dict[str, Any]] = []
+        if self.cfg.oracle:
+            self.echo("      every checkpoint against the Bayes floor (held-out conversations)")
+            t = time.perf_counter()
+            floors = floor_rows(models, self.world, self.special, *self.heldout(), seed=self.cfg.seed)
+            self.timings["bayes_floor_s"] = time.perf_counter() - t
         self.echo("[4/4] writing the report")
         self.timings["total_s"] = time.perf_counter() - t0
-        self.write(records, rows, fixclean, models)
-        return {"rows": rows, "fixclean": fixclean, "timings": self.timings}
+        self.write(records, rows, fixclean, models, floors)
+        return {"rows": rows, "fixclean": fixclean, "timings": self.timings, "floors": floors}
 
     def sweep(self, sweep: SweepConfig) -> list[dict[str, Any]]:
         """The paper's SDE sensitivity sweep on this demo's DSL checkpoint (cached stages reused); OUT/sweep/."""
@@ -333,7 +405,7 @@ class Demo:
                                                           indent=2) + "\n")
         return rows
 
-    def write(self, records, rows, fixclean, models) -> None:
+    def write(self, records, rows, fixclean, models, floors=()) -> None:
         out = self.out
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -343,71 +415,10 @@ class Demo:
                                                           indent=2) + "\n")
         open_rows = [r for r in rows if r["task"] == "open"]
         plot_nfe_curves(open_rows, out / "nfe_curve.png", title="Toy world, open-ended generation")
-        atomic_write_text(out / "report.md", render_report(self, rows, fixclean, models))
-
-
-def _seed_spread(rows) -> list[str]:
-    nfes = sorted({r["nfe"] for r in rows})
-    cell = {(r["method"], r["nfe"]): r.get("ppl_seeds") for r in rows}
-    out = []
-    for m in dict.fromkeys(r["method"] for r in rows):
-        vals = [cell.get((m, n)) for n in nfes]
-        out.append(f"| {m} | " + " | ".join(f"{min(v):.2f} - {max(v):.2f}" if v else "–" for v in vals) + " |")
-    return out
-
-
-def render_report(demo: Demo, rows, fixclean, models) -> str:
-    cfg = demo.cfg
-    open_rows = [r for r in rows if r["task"] == "open"]
-    sum_rows = [r for r in rows if r["task"] == "summarize"]
-    dsl = models["dsl"]
-    parts = [
-        "# DSL-LLaDA toy-world demo", "",
-        f"World: {len(demo.world.topics)} topics, vocabulary {demo.world.vocab_size} tokens, responses padded to "
-        f"{demo.gen_length} tokens. Model: LLaDA architecture, d_model {cfg.d_model}, {cfg.n_layers} layers. "
-        f"Pretrained {cfg.pretrain.steps} MDM steps; DSL-adapted {cfg.cpt.steps} steps (noise dim {cfg.noise_dim}, "
-        f"trained beta {dsl.trained_beta:.3f}). Held-out prompts: {cfg.n_eval_open} open-ended, "
-        f"{cfg.n_eval_summarize} summarisation. Perplexity is exact under the world's true distribution "
-        f"(epsilon-smoothed, see docs/toy-world.md)." + (f" Sampled with the backbone in {cfg.dtype} (converter softmax, "
-                                                         f"posterior mean and SDE state fp32)." if cfg.dtype != "float32" else ""), "",
-        "SDE rows: **DSL-SDE** is the paper's defaults (eta by NFE, beta_inf = 2 x trained beta, top-M 512, sensitive "
-        "schedule) run with the authors' sampler, noise also in the Heun predictor, so a step adds (eta/gamma_{s+1}) dW; "
-        "**DSL-SDE (Alg. 2 as printed)** puts the noise only in the final update, 1/2 (eta/gamma_s + eta/gamma_{s+1}) dW "
-        "(350 x more on the first step 0.01 -> 7); **DSL-SDE (eta=0)** is the deterministic sampler. "
-        "See docs/samplers.md.", "",
-        "## Reference: the world's own samples for the same prompts", "",
-        markdown_table(demo.truth_rows, [("task", "task", ""), ("ppl", "PPL", ".2f"), ("rep", "Rep %", ".1f"),
-                                         ("d2", "D2 %", ".1f"), ("len", "Len", ".1f")]), "",
-        "Each value is followed by its 95 % bootstrap interval (prompts resampled, fixed seed; "
-        f"{cfg.sample_seeds} sampling seed(s) per prompt). A claim below counts as reproduced only when the "
-        "intervals separate.", "",
-        "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows)), "",
-        "## Open-ended generation: exact perplexity (lower is better)", "", pivot(open_rows, "ppl"), "",
-        *(["## Open-ended perplexity: spread across sampling seeds (min - max of the per-seed values)", "",
-           "| method | " + " | ".join(f"NFE {n}" for n in sorted({r['nfe'] for r in open_rows})) + " |",
-           "|---|" + "|".join("---" for _ in sorted({r['nfe'] for r in open_rows})) + "|",
-           *_seed_spread(open_rows), ""] if cfg.sample_seeds > 1 else []),
-        "## Open-ended: Rep % (adjacent identical words; lower is better)", "", pivot(open_rows, "rep", spec=".1f"), "",
-        "## Open-ended: length (words)", "", pivot(open_rows, "len", spec=".1f"), "",
-        "## Open-ended: Distinct-2 % (corpus-level: no per-prompt interval)", "", pivot(open_rows, "d2", spec=".1f"), "",
-        "## Open-ended: outputs inside the world's support %", "", pivot(open_rows, "in_support", spec=".0f"), "",
-        "## Open-ended: failure tags (% of samples)", "",
-        markdown_table(open_rows, [("method", "method", ""), ("nfe", "NFE", ""), ("premature_eos%", "premature EOS", ".0f"),
-                                   ("repetition%", "4-gram repetition", ".0f"), ("degen_ending%", "degenerate ending", ".0f"),
-                                   ("empty%", "empty", ".0f"), ("forward_passes", "forward passes", "")]), "",
-    ]
-    if sum_rows:
-        parts += ["## Summarisation: ROUGE-1 / ROUGE-2 / ROUGE-L F1 and exact perplexity", "",
-                  markdown_table(sum_rows, [("method", "method", ""), ("nfe", "NFE", ""), ("rouge1", "R-1", ".1f"),
-                                            ("rouge2", "R-2", ".1f"), ("rougeL", "R-L", ".1f"), ("ppl", "PPL", ".2f"),
-                                            ("len", "Len", ".1f")]), ""]
-    parts += ["## Random-token error correction (single forward; Fix/Clean %)", "",
-              markdown_table(fixclean, [("model", "model", ""), ("rate", "corrupted", ".0%"), ("fix", "Fix", ".1f"),
-                                        ("clean", "Clean", ".1f")]), "",
-              "## Timings (s)", "", "| stage | seconds |", "|---|---|"]
-    parts += [f"| {k} | {v:.1f} |" for k, v in demo.timings.items()]
-    parts += ["", "![NFE curves](nfe_curve.png)", "", "---", "", environment_footer(demo.environment), ""]
-    return "\n".join(parts)
+        if floors:
+            atomic_write_text(out / "bayes_floor.json", json.dumps({"rows": list(floors), "stops": self.stops}, indent=1))
+            plot_excess(floors, out / "excess_loss.png")
+        atomic_write_text(out / "report.md", render_report(self, rows, fixclean, models, floors))
 
 
 def run_demo_cli(args) -> int:
@@ -418,7 +429,7 @@ def run_demo_cli(args) -> int:
 
     dtype = str(auto_dtype("cpu")).removeprefix("torch.") if args.dtype == "auto" else args.dtype
     cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed, sample_seeds=args.seeds,
-                            dtype=dtype)
+                            dtype=dtype, from_scratch=args.from_scratch)
     prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
     demo = Demo(cfg, Path(args.out), progress=not args.quiet)

@@ -4,6 +4,7 @@ parameter group, linear warmup, global-norm clipping. (Multi-GPU runs use `dsl_l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ class TrainStage(ConfigBase):
     """Global gradient-norm clip."""
     stratified_t: bool = False
     """MDM: stratified diffusion times across the batch (lower-variance loss; used for the stand-in pretraining)."""
+    snr_per_token: bool = False
+    """DSL: draw the LogNormal SNR per token instead of per sequence (`SNRConfig.lognormal_per_token`)."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("mdm", "dsl", "xdlm"):
@@ -71,25 +74,39 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
     return [{**{k: v for k, v in g.items() if k != "param_names"}, "base_lr": g["lr"]} for g in groups]
 
 
+StopCheck = Callable[[int, torch.nn.Module], bool]
+"""`check(updates_done, model)`: called every `check_every` updates (model in eval mode); True ends the stage."""
+
+
 def run_stage(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
-              block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train") -> list[float]:
-    """Train `model` in place for `stage.steps` steps; returns the loss curve. Runs with deterministic algorithms
-    (`numerics.deterministic_algorithms`), so the same seed gives the same checkpoint on the same machine whatever
-    the thread timing (the demo trains on the CPU)."""
+              block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train",
+              check: StopCheck | None = None, check_every: int = 0) -> list[float]:
+    """Train `model` in place for `stage.steps` updates (fewer when `check` ends the stage); returns the loss curve.
+    Runs with deterministic algorithms (`numerics.deterministic_algorithms`), so the same seed gives the same
+    checkpoint on the same machine whatever the thread timing (the demo trains on the CPU; on a CUDA device set
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 as PyTorch's deterministic mode requires). The batch draws come from a CPU
+    generator on every device; the objective's noise from a generator on the model's device."""
     with deterministic_algorithms():
         return _train(model, tokenizer, examples, stage, seed=seed, block_size=block_size, gen_length=gen_length,
-                      progress=progress, desc=desc)
+                      progress=progress, desc=desc, check=check, check_every=check_every)
 
 
 def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
-           block_size: int, gen_length: int, progress: bool, desc: str) -> list[float]:
+           block_size: int, gen_length: int, progress: bool, desc: str, check: StopCheck | None = None,
+           check_every: int = 0) -> list[float]:
     from ..train.objectives import check_finite, get_objective
 
     ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
-    options = {"stratified_t": True} if stage.stratified_t else {}
+    options: dict[str, Any] = {"stratified_t": True} if stage.stratified_t else {}
+    if stage.snr_per_token:
+        options["snr"] = {"lognormal_per_token": True}
     objective = get_objective(stage.objective, mask_prompt=True, **options)
     opt = torch.optim.AdamW(_param_groups(model, stage), betas=(0.9, 0.999), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    noise_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+    if device.type != "cpu":
+        ids, plens = ids.to(device), plens.to(device)
     model.train()
     curve: list[float] = []
     bar = progress_bar(range(stage.steps), total=stage.steps, desc=desc, enabled=progress, leave=True)
@@ -97,8 +114,8 @@ def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], s
         scale = min(1.0, (step + 1) / max(1, stage.warmup))
         for g in opt.param_groups:
             g["lr"] = g["base_lr"] * scale
-        idx = torch.randint(0, ids.shape[0], (stage.batch_size,), generator=gen)
-        out = objective(model, {"input_ids": ids[idx], "prompt_length": plens[idx]}, gen)
+        idx = torch.randint(0, ids.shape[0], (stage.batch_size,), generator=gen).to(device)
+        out = objective(model, {"input_ids": ids[idx], "prompt_length": plens[idx]}, noise_gen)
         check_finite(out.loss, step)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -108,6 +125,12 @@ def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], s
         if progress and hasattr(bar, "set_postfix") and step % 10 == 0:
             recent = curve[-20:]
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
+        if check is not None and check_every and (step + 1) % check_every == 0:
+            model.eval()
+            stop = check(step + 1, model)
+            model.train()
+            if stop:
+                break
     model.eval()
     if not all(math.isfinite(v) for v in curve):
         raise FloatingPointError(f"{desc}: non-finite loss in the curve")

@@ -63,6 +63,15 @@ PAPER_METHODS = (
     Method("DSL-Remask", "dsl", "remask"),
 )
 CONTROL_METHODS = (Method("MDM-CPT", "mdm", "remask"), Method("XDLM", "xdlm", "remask"))
+ORACLE_METHODS = (
+    # The exact Bayes-optimal denoisers (toy/oracle.py) in place of the trained models: what each sampler does when the
+    # model is perfect, so the distance to the trained rows is model error and the distance to the world is the
+    # sampler's own. "Oracle DSL-SDE" runs the paper's defaults; "(eta=1, beta_inf=beta)" the localisation SDE itself
+    # (its noise in y = z/gamma is (1/gamma) dW: eta = 1) reading the exact likelihood (beta_inf = the oracle's beta 1).
+    Method("Oracle DSL-SDE", "oracle-dsl", "sde"),
+    Method("Oracle DSL-SDE (eta=1, beta_inf=beta)", "oracle-dsl", "sde", {"eta": 1.0, "beta_scale": 1.0}),
+    Method("Oracle LLaDA", "oracle", "remask"),
+)
 
 
 class SamplingMethod(Protocol):

@@ -33,17 +33,24 @@ CLAIMS = (
 )
 
 
+ORACLE = "Oracle "
+"""Prefix of the oracle rows (toy/evaluate.py ORACLE_METHODS): each claim is also judged between the oracle versions of
+its two methods, the same samplers with the exact denoiser in place of the trained models."""
+
+
 def verdicts(rows: Sequence[dict[str, Any]], claims: Sequence[Claim] = CLAIMS) -> list[dict[str, Any]]:
-    """One verdict per (claim, NFE) where both methods have a row with an interval."""
+    """One verdict per (claim, method pair, NFE) where both methods have a row with an interval: the trained pair,
+    then the oracle pair when the rows hold it."""
     cell = {(r["task"], r["method"], r["nfe"]): r for r in rows}
     out = []
-    for c in claims:
+    pairs = [(c, c.better, c.worse) for c in claims] + [(c, ORACLE + c.better, ORACLE + c.worse) for c in claims]
+    for c, better, worse in sorted(pairs, key=lambda p: claims.index(p[0])):
         for nfe in sorted({r["nfe"] for r in rows if r["task"] == c.task}):
-            a, b = cell.get((c.task, c.better, nfe)), cell.get((c.task, c.worse, nfe))
+            a, b = cell.get((c.task, better, nfe)), cell.get((c.task, worse, nfe))
             if a is None or b is None or a.get(c.metric) is None or b.get(c.metric) is None:
                 continue
             ia, ib = a.get(f"{c.metric}_ci"), b.get(f"{c.metric}_ci")
-            out.append({"claim": c.text, "nfe": nfe, "metric": c.metric, "better": c.better, "worse": c.worse,
+            out.append({"claim": c.text, "nfe": nfe, "metric": c.metric, "better": better, "worse": worse,
                         "value_better": a[c.metric], "ci_better": ia, "value_worse": b[c.metric], "ci_worse": ib,
                         "verdict": compare(tuple(ia) if ia else None, tuple(ib) if ib else None,
                                            lower_is_better=c.lower_is_better),
