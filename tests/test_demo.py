@@ -94,10 +94,13 @@ def test_second_run_reuses_cached_models(quick_report, capsys):
     assert "DSL continue-pretraining: cached" in out
 
 
-def test_demo_help():
+def test_demo_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["demo", "--help"])
     assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--quick", "--controls", "--seeds", "--from-scratch", "--sweep", "--cache-frontier", "--out"):
+        assert flag in out
 
 
 def test_controls_flag_adds_mdm_cpt_and_xdlm(quick_report, capsys):
