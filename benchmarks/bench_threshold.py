@@ -15,15 +15,12 @@ Usage (GPU):  PYTHONPATH=src python3 benchmarks/bench_threshold.py --json OUT/th
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from bench_gpu import build, prompts
-from benchlib import clock, parse_args, run_environment
+from benchlib import interleave, parse_args, round_ratios, spread, write_json
 
 from dsl_llada.config import RemaskConfig
 from dsl_llada.sampling.remask import sample_remask
@@ -31,24 +28,23 @@ from dsl_llada.sampling.remask import sample_remask
 MAX_BATCH, MAX_LEN, MAX_REPS = 64, 2048, 20
 
 
-def interleaved(model, pb, configs: dict[str, RemaskConfig], reps: int, device: str) -> dict:
-    """Each config's run once untimed (warm-up, counted), then `reps` rounds timing each config in turn."""
+def runs(model, pb, configs: dict[str, RemaskConfig], reps: int, device: str) -> dict:
+    """Each config's run once untimed (warm-up, counted), then `reps` interleaved rounds (`benchlib.interleave`)."""
     def gens():
         return [torch.Generator().manual_seed(i) for i in range(pb.batch_size)]
 
     outs = {k: sample_remask(model.backbone, pb, c, generator=gens()) for k, c in configs.items()}
-    times: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(reps):
-        for k, c in configs.items():
-            times[k].append(clock(lambda c=c: sample_remask(model.backbone, pb, c, generator=gens()), device))
-    res = {}
+    times = interleave({k: (lambda c=c: sample_remask(model.backbone, pb, c, generator=gens()))
+                        for k, c in configs.items()}, reps, device, warmup=False)
+    res: dict = {}
     for k, c in configs.items():
         t, B, out = statistics.median(times[k]), pb.batch_size, outs[k]
-        res[k] = {"times_s": times[k], "s_per_call": t, "s_per_sample": t / B, "samples_per_s": B / t,
+        res[k] = {"times_s": times[k], "s_per_call": spread(times[k]), "s_per_sample": t / B, "samples_per_s": B / t,
                   "forward_passes": out.forward_passes, "s_per_forward": t / out.forward_passes,
                   "tokens_per_forward": c.gen_length / out.forward_passes,
                   "row_tokens_per_step": [c.gen_length / max(1, int(s.sum())) for s in out.steps_per_block],
                   "steps_per_block": out.steps_per_block.tolist()}
+    res["speedup_vs_fixed"] = round_ratios(times, "fixed", "threshold")
     return res
 
 
@@ -85,19 +81,15 @@ def main() -> int:
     t0 = time.perf_counter()
     for b in a.batches:
         pb = prompts(model, b, a.prompt, a.device)
-        r = interleaved(model, pb, {"threshold": thr, "fixed": fixed}, a.reps, a.device)
-        th, fx = r["threshold"], r["fixed"]
-        res[str(b)] = {**r, "speedup_vs_fixed": fx["s_per_call"] / th["s_per_call"]}
+        res[str(b)] = runs(model, pb, {"threshold": thr, "fixed": fixed}, a.reps, a.device)
+        th, fx = res[str(b)]["threshold"], res[str(b)]["fixed"]
         print(f"[{time.perf_counter() - t0:6.1f} s] batch {b}: threshold {a.threshold}: {th['forward_passes']} "
               f"forwards, {th['tokens_per_forward']:.1f} tokens/forward, {th['samples_per_s']:.2f} samples/s, "
               f"{1e3 * th['s_per_forward']:.1f} ms/forward; fixed {a.fixed_steps} steps: {fx['samples_per_s']:.2f} "
-              f"samples/s, {1e3 * fx['s_per_forward']:.1f} ms/forward ({res[str(b)]['speedup_vs_fixed']:.2f}x)",
+              f"samples/s, {1e3 * fx['s_per_forward']:.1f} ms/forward ({res[str(b)]['speedup_vs_fixed']['median']:.2f}x)",
               flush=True)
-    if a.json:
-        out = {"scope": scope, "device_name": torch.cuda.get_device_name() if gpu else "cpu", "dtype": str(dtype),
-               "args": vars(a), "results": res, "environment": run_environment(), "command": " ".join(sys.argv)}
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(a.json, {"scope": scope, "device_name": torch.cuda.get_device_name() if gpu else "cpu",
+                        "dtype": str(dtype), "args": vars(a), "results": res})
     return 0
 
 

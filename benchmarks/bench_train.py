@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib import ROOT, block_flops_per_token, clock, parse_args, run_environment
+from benchlib import ROOT, block_flops_per_token, clock, parse_args, write_json
 
 from dsl_llada.train.train_config import load_train_config
 from dsl_llada.train.trainer import train
@@ -114,16 +114,11 @@ def main() -> int:
     res.update({"shape": s, "parameters": parameters(s), "device": device,
                 "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                 "mixed_precision": mixed, "train_flops_per_token": fpt, "matmul_peak_tflops": peak / 1e12,
-                "mfu": fpt * res["tokens_per_s"] / peak, "loss_fell": res["loss_last_window"] < res["loss_first_window"],
-                "environment": run_environment(), "command": "benchmarks/bench_train.py " + " ".join(
-                    f"--{k} {v}" for k, v in (("steps", a.steps), ("layers", a.layers), ("block", a.block),
-                                                ("batch", a.batch)) if v is not None) + (" --tiny" if a.tiny else "")})
+                "mfu": fpt * res["tokens_per_s"] / peak, "loss_fell": res["loss_last_window"] < res["loss_first_window"]})
     print(f"train: {res['parameters']['total'] / 1e9:.2f}B parameters, {res['steps']} steps on {res['device_name']} "
           f"({mixed}); loss {res['loss_first_window']:.3f} -> {res['loss_last_window']:.3f}; "
           f"{res['tokens_per_s']:.0f} tokens/s; MFU {100 * res['mfu']:.1f} % of {peak / 1e12:.0f} TFLOP/s measured")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    write_json(a.json, res)
     return 0
 
 

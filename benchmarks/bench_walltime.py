@@ -31,14 +31,13 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from bench_gpu import build
-from benchlib import ROOT, clock, parse_args, run_environment
+from benchlib import ROOT, clock, parse_args, write_json
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.model import DSLModel
@@ -142,7 +141,7 @@ def measure(model: DSLModel, lengths: dict, a, device: str) -> dict:
                 t, out = threshold(model, pb, gen, a.threshold, device)
                 th["s"].append(t)
                 th["forward_passes"].append(out.forward_passes)
-        if name in a.compiled_datasets:
+        if name in a.compiled_datasets and plan.ok(f"compile {name}"):
             c = res["compiled"].setdefault(name, {str(n): [] for n in a.compiled_nfe})
             first = time.perf_counter()
             sde(model, prompts(model, [lens[0]], device, 0), min(a.compiled_nfe), gen, device, compile=True)
@@ -213,11 +212,14 @@ def main() -> int:
     ap.add_argument("--lengths", default=str(LENGTHS), help="prompt-length file (default benchmarks/prompt_lengths.json)")
     ap.add_argument("--data-dir", default=None, help="with --write-lengths: the folder holding summ_*.jsonl")
     ap.add_argument("--write-lengths", default=None, help="rebuild the prompt-length file from --data-dir and exit")
+    ap.add_argument("--overwrite", action="store_true", help="let --write-lengths replace an existing file")
     ap.add_argument("--json", default=None, help="write the results here (JSON)")
     a = parse_args(ap)
     if a.write_lengths:
         if not a.data_dir:
             ap.error("--write-lengths needs --data-dir (the folder holding the summ_*.jsonl files)")
+        if Path(a.write_lengths).exists() and not a.overwrite:
+            ap.error(f"{a.write_lengths} exists: pass --overwrite to replace it")
         Path(a.write_lengths).write_text(json.dumps(prompt_lengths(Path(a.data_dir)), indent=1) + "\n")
         say(f"wrote {a.write_lengths}")
         return 0
@@ -248,14 +250,12 @@ def main() -> int:
     say(md)
     if res["skipped"]:
         say(f"skipped (time budget): {len(res['skipped'])} measurements, first: {res['skipped'][0]}")
-    if a.json:
-        out = {"scope": scope, "full_shape": full, "device": a.device,
-               "device_name": torch.cuda.get_device_name() if gpu else "cpu", "dtype": str(dtype),
-               "preset": a.preset, "layers": a.layers, "args": {k: v for k, v in vars(a).items()},
-               "paper_h100_sde_s": {str(k): dict(zip(DATASETS, v, strict=True)) for k, v in PAPER_H100_SDE.items()},
-               "results": res, "table": md, "environment": run_environment(), "command": " ".join(sys.argv)}
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(a.json, {"scope": scope, "full_shape": full, "device": a.device,
+                        "device_name": torch.cuda.get_device_name() if gpu else "cpu", "dtype": str(dtype),
+                        "preset": a.preset, "layers": a.layers, "args": vars(a),
+                        "paper_h100_sde_s": {str(k): dict(zip(DATASETS, v, strict=True))
+                                             for k, v in PAPER_H100_SDE.items()},
+                        "results": res, "table": md})
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's speed benchmarks, each part under its own time cap (about 7 minutes in all):
+# The GPU speed benchmarks in one run, each part under its own time cap (about 7 minutes in all):
 #   walltime   bench_walltime.py: the paper's wall-time protocol at LLaDA-8B's shape (SDE NFE 8-64 eager batch 1 on
 #              3 prompts per dataset, compiled on XSum, batched, threshold-decoded remasking beside it)   <= 220 s
 #   threshold  bench_threshold.py: threshold decoding's tokens per forward and samples/s, batch 1 and 16  <= 75 s

@@ -74,6 +74,8 @@ def test_walltime_threshold_and_train_run_at_a_tiny_shape(tmp_path):
     ("bench_walltime.py", ["--samples", "50"], "--samples 50 is out of range: it must be in [1, 20]"),
     ("bench_walltime.py", ["--nfe", "7"], "NFE 7 is not valid: the Heun SDE needs an even NFE"),
     ("bench_walltime.py", ["--write-lengths", "x.json"], "--write-lengths needs --data-dir"),
+    ("bench_walltime.py", ["--write-lengths", str(BENCH / "prompt_lengths.json"), "--data-dir", "."],
+     "prompt_lengths.json exists: pass --overwrite to replace it"),
     ("bench_threshold.py", ["--gen-length", "48"], "--gen-length 48 must be a multiple of the block length 32"),
     ("bench_train.py", ["--tiny", "--steps", "0"], "--steps 0 is out of range: it must be in [1, 2000]"),
 ])
