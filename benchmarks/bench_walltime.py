@@ -120,8 +120,9 @@ def threshold(model, pb, gen, tau, device):
     return timed(lambda: sample_remask(model.backbone, pb, cfg, generator=gens), device)
 
 
-def measure(model: DSLModel, lengths: dict, a, device: str) -> dict:
-    """Every part's per-sample seconds, interleaved prompt by prompt."""
+def measure(model: DSLModel, lengths: dict, a, device: str, save=None) -> dict:
+    """Every part's per-sample seconds, interleaved prompt by prompt; `save(results)` after each dataset (a run
+    stopped from outside keeps the datasets already done)."""
     plan = Plan(a.budget_s)
     res: dict = {"eager": {}, "compiled": {}, "batched": {}, "threshold": {}}
     warm = prompts(model, [lengths[a.datasets[0]]["prompt_tokens"][0]], device, 0)
@@ -158,7 +159,9 @@ def measure(model: DSLModel, lengths: dict, a, device: str) -> dict:
                 if plan.ok(f"batched {name} nfe {nfe}"):
                     b[str(nfe)] = sde(model, pb, nfe, gen, device)[0] / a.batch
         say(f"[{time.perf_counter() - plan.t0:6.1f} s] {name} done")
-    res["skipped"] = plan.skipped
+        res["skipped"] = plan.skipped
+        if save is not None:
+            save(res)
     return res
 
 
@@ -174,7 +177,15 @@ def _s(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
 
+def _range(xs: list[float]) -> str:
+    """Median (min–max) of per-sample seconds; the median alone for one sample."""
+    if len(xs) < 2:
+        return _s(_med(xs))
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+
 def table(res: dict, lengths: dict, a) -> str:
+    """Markdown: per dataset and NFE the median seconds per sample of each part beside the paper's H100 figure."""
     names = list(DATASETS)
     head = ("| dataset | prompt tokens (median) | gen | NFE | SDE eager b1 s | compiled b1 s | batched s/sample | "
             "paper H100 s | threshold remask s | forwards (tokens/forward) |")
@@ -187,7 +198,7 @@ def table(res: dict, lengths: dict, a) -> str:
             paper = PAPER_H100_SDE.get(nfe, (None,) * 4)[names.index(name)]
             b = res["batched"].get(name, {}).get(str(nfe))
             rows.append(f"| {name} | {statistics.median(d['prompt_tokens'][: a.samples]):.0f} | {d['gen_length']} | {nfe} "
-                        f"| {_s(_med(res['eager'][name][str(nfe)]))} "
+                        f"| {_range(res['eager'].get(name, {}).get(str(nfe), []))} "
                         f"| {_s(_med(res['compiled'].get(name, {}).get(str(nfe), [])))} | {_s(b)} | {_s(paper)} "
                         + (f"| {_s(_med(th.get('s', [])))} | {fw:.0f} ({d['gen_length'] / fw:.1f}) |"
                            if j == 0 and fw else "| | |"))
@@ -245,17 +256,19 @@ def main() -> int:
     t0 = time.perf_counter()
     model = build(a.preset, a.layers, a.device, dtype)
     say(f"built in {time.perf_counter() - t0:.1f} s")
-    res = measure(model, lengths, a, a.device)
-    md = table(res, lengths, a)
-    say(md)
+    def save(res: dict, done: bool = False) -> None:
+        write_json(a.json, {"scope": scope, "full_shape": full, "device": a.device, "complete": done,
+                            "device_name": torch.cuda.get_device_name() if gpu else "cpu", "dtype": str(dtype),
+                            "preset": a.preset, "layers": a.layers, "args": vars(a),
+                            "paper_h100_sde_s": {str(k): dict(zip(DATASETS, v, strict=True))
+                                                 for k, v in PAPER_H100_SDE.items()},
+                            "results": res, "table": table(res, lengths, a)})
+
+    res = measure(model, lengths, a, a.device, save)
+    say(table(res, lengths, a))
     if res["skipped"]:
         say(f"skipped (time budget): {len(res['skipped'])} measurements, first: {res['skipped'][0]}")
-    write_json(a.json, {"scope": scope, "full_shape": full, "device": a.device,
-                        "device_name": torch.cuda.get_device_name() if gpu else "cpu", "dtype": str(dtype),
-                        "preset": a.preset, "layers": a.layers, "args": vars(a),
-                        "paper_h100_sde_s": {str(k): dict(zip(DATASETS, v, strict=True))
-                                             for k, v in PAPER_H100_SDE.items()},
-                        "results": res, "table": md})
+    save(res, done=True)
     return 0
 
 
