@@ -184,3 +184,20 @@ def test_one_spelling_in_cli_eval_and_server(tmp_path, capsys):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["steps_per_block"] for r in recs] == [[1, 1], [1, 1]] and {r["forward_passes"] for r in recs} == {2}
     assert json.loads((tmp_path / "gen.jsonl.config.json").read_text())["config"]["threshold"] == 0.0
+
+
+def test_dropped_row_leaves_the_others_unchanged_and_cfg_doubles_passes(model):
+    cfg = BASE.replace(threshold=TAU, temperature=1.0)
+    full = run(model, cfg, seeds=[3, 4, 5])
+
+    def drop_row_one(info):
+        if info.step == 0:
+            info.drop(1)
+
+    dropped = run(model, cfg, seeds=[3, 4, 5], callback=drop_row_one)
+    assert dropped.dropped == [1] and dropped.steps_per_block[1].tolist() == [0, 0]
+    for r in (0, 2):
+        assert torch.equal(dropped.ids[r], full.ids[r])
+        assert dropped.steps_per_block[r].tolist() == full.steps_per_block[r].tolist()
+    guided = run(model, cfg.replace(cfg_scale=1.0), seeds=[3, 4, 5])
+    assert guided.forward_passes == 2 * guided.nfe
