@@ -175,17 +175,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
             if trajectory is not None:  # .cpu() of a CPU tensor would alias x
                 trajectory.append(live.expand(x[:, P:].to("cpu", copy=True), mask_id))
             if callback is not None:
-                newly = torch.zeros((x.shape[0], L), dtype=torch.bool, device=device)
-                newly[:, lo - P:hi - P] = st.committed
-                n_masked = (x[:, P:] == mask_id).sum(dim=1)
-                time = (_diffusion_time(step + 1, config.steps) if config.threshold is None
-                        else float(n_masked.max()) / L)
-                info = StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
-                    "block": k_blk, "block_step": i, "t": st.t, "in_loop": st.in_loop,
-                    "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
-                    "n_masked": n_masked.cpu()},
-                    time=time, committed=x[:, P:] != mask_id, newly_committed=newly,
-                    logits=logits, window=(lo - P, hi - P), rows=live.rows)
+                info = _step_info(x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=step, block=k_blk,
+                                  block_step=i, rows=live.rows)
                 callback(info)
                 keep = live.after(info, rng, device)
                 del info
@@ -211,6 +202,23 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
                         nfe=config.steps if config.threshold is None else step, forward_passes=forward.count, trajectory=trajectory,
                         config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped,
                         steps_per_block=live.expand(row_steps, 0))
+
+
+def _step_info(response: torch.Tensor, st: RemaskStep, logits: torch.Tensor, window: tuple[int, int],
+               config: RemaskConfig, mask_id: int, *, step: int, block: int, block_step: int,
+               rows: Sequence[int]) -> StepInfo:
+    """The callback's view of a step: `response` (B, L) the response tokens after it, `window` the block's span."""
+    lo, hi = window
+    newly = torch.zeros(response.shape, dtype=torch.bool, device=response.device)
+    newly[:, lo:hi] = st.committed
+    n_masked = (response == mask_id).sum(dim=1)
+    time = (_diffusion_time(step + 1, config.steps) if config.threshold is None
+            else float(n_masked.max()) / response.shape[1])
+    return StepInfo(step=step, total_steps=config.steps, tokens=response.clone(), extra={
+        "block": block, "block_step": block_step, "t": st.t, "in_loop": st.in_loop,
+        "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
+        "n_masked": n_masked.cpu()},
+        time=time, committed=response != mask_id, newly_committed=newly, logits=logits, window=window, rows=rows)
 
 
 def _guided_logits(forward: Callable[..., torch.Tensor], x: torch.Tensor, attn: torch.Tensor | None,
