@@ -1,6 +1,6 @@
 """Remasking at batch 8 vs batch 1 per sample, before/after the reused logits buffer and the one-sweep reductions.
 
-Issue 21 item 3: on CPU, batch 8 cost more per sample than batch 1 for remasking. Profiled causes, all from the
+On CPU, batch 8 used to cost more per sample than batch 1 for remasking. Profiled causes, all from the
 (8, W, V) fp32 block logits (67 MB at W 64, V 32k) being allocated fresh every step, above the allocator's mmap
 threshold, so every step maps new pages and page-faults: the step's whole-tensor logsumexp (fixed first, by
 `remask_step.row_logsumexp` over row chunks), then `positions.block_logits`' fresh zeros + scatter + bf16 -> fp32

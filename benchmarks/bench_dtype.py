@@ -2,7 +2,7 @@
 posterior mean, against the FLOP time of the same work at this machine's measured matmul peak.
 
 Shapes:
-  small  LLaDA-shaped d 256, 4 layers, 4 heads, V 32,768, prompt 128 + response 128 (issue 21's benchmark model);
+  small  LLaDA-shaped d 256, 4 layers, 4 heads, V 32,768, prompt 128 + response 128 (the per-sample benchmarks' model);
          also whole samples (SDE NFE 16 and remasking 16 steps) at batch 1 and 8 with the identical-token fraction.
   real   LLaDA-8B's width and vocabulary (d 4096, 32 heads, MLP 12,288, V 126,464) at `--layers` (1-2) layers;
          per-call split and peak memory only (whole samples would take minutes per sample on 2 cores).

@@ -1,4 +1,4 @@
-"""One-process GPU benchmark (issue 21): the SDE at NFE 16 and LLaDA remasking at LLaDA-8B's real shape, batched,
+"""One-process GPU benchmark: the SDE at NFE 16 and LLaDA remasking at LLaDA-8B's real shape, batched,
 with model FLOP utilisation (MFU) against the bf16 matmul peak measured in the same run; optionally int8.
 
 Parts (each wrapped: a failure, e.g. an OOM at batch 32 or torchao missing, is printed and recorded, and the run

@@ -245,7 +245,7 @@ def write_markdown(r: dict, command: str) -> None:
         *[f"| {name} | " + (lambda xs: f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})")(
             [1e3 * run["head_layouts"][name]["t"] for run in after]) + f" | {'yes' if v['bitwise'] else 'no'} |"
           for name, v in after[-1]["head_layouts"].items()]])
-    write_section("One SDE call, part by part: before and after (issue 21 item 2)", body)
+    write_section("One SDE call, part by part: before and after", body)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ in this process), every client sends its requests one after another, and we chec
 and that each output equals the library's own sample for the same prompt and seed (a batch of one). Reported: p50/p95
 latency, requests/s and generated tokens/s per mode, and the throughput ratio batched / unbatched.
 
-`--rounds R` runs the issue-19 comparison instead, interleaved over R rounds (each round measures every variant once,
+`--rounds R` runs the latency and batching comparison instead, interleaved over R rounds (each round measures every variant once,
 so a load change on a shared machine hits all of them): a single client's request latency against the library's
 `generate` path (encode + sampler + decode) on the same settings, and the throughput of 16 concurrent clients
 against a `--max-batch 1` server; medians with the spread over the rounds, plus the environment record.

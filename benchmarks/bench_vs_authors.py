@@ -228,17 +228,17 @@ def write_recommended(r: dict, command: str) -> None:
     same = [f"{k}: {100 * v:.2f} %" for k, v in r["identical_token_fraction"].items()]
     body = "\n".join([
         f"Command: `{command}` ({r['machine']}).", "",
-        environment_footer(r["environment"]).rstrip(".") + " (**shared machine**: other helpers' jobs ran; the ratios taken "
+        environment_footer(r["environment"]).rstrip(".") + " (**shared machine**: other jobs ran; the ratios taken "
         "within each round are the figures to trust).", "",
         f"LLaDA-shaped model (d_model 256, 4 layers, vocabulary 32,768, noise dim 100), prompt {r['prompt']} + "
         f"response {r['gen']}, SDE NFE {r['nfe']} with the authors' predictor noise; {r['rounds']} rounds, every "
         "variant once per round in rotating order; per-sample time = the call's time / batch. 'ours bf16' is the "
         "frontier's recommended point (bf16 backbone; converter softmax, posterior and SDE state fp32). "
         "'authors' is this project's restatement of the authors' per-call work (no copy of their code is available "
-        "here, so the restatement is the proxy: it is leaner than their real code, see issue 21), batch 1 as their "
+        "here, so the restatement is the proxy: it is leaner than their real code), batch 1 as their "
         "sampler: fp32 is how their code path would run on this CPU, bf16 their own precision recipe (same-dtype "
-        "ratio). Ratio columns: per round, the restatement's time / ours, median (min–max over rounds). Target "
-        "(issue 21, Deliver 4): ≥ 4× the authors' per-sample time at the recommended point.", "",
+        "ratio). Ratio columns: per round, the restatement's time / ours, median (min–max over rounds). Target: "
+        "≥ 4× the authors' per-sample time at the recommended point.", "",
         *rows, "", "Identical tokens: " + "; ".join(same) + "."])
     write_section("This project at the frontier's recommended point vs the authors' per-sample work", body)
 

@@ -1,4 +1,7 @@
-"""Shared pieces of the speed benchmarks: the LLaDA-shaped benchmark model, prompts, timing, docs/benchmarks.md."""
+"""The benchmarks' one harness: the LLaDA-shaped benchmark model and prompts, timing (`clock`, `interleave`: every
+variant once per round in rotating order, median and spread), the environment record every result carries
+(`parse_args`, `run_environment`), JSON results (`write_json`) and the docs/benchmarks.md sections
+(`write_section`)."""
 
 from __future__ import annotations
 
@@ -81,6 +84,48 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
     """Median wall time of `reps` calls after one untimed warm-up call (CPU)."""
     fn()
     return statistics.median(clock(fn) for _ in range(reps))
+
+
+def interleave(variants: dict[str, Callable[[], object]], rounds: int, device: str = "cpu",
+               warmup: bool = True) -> dict[str, list[float]]:
+    """Wall times of each variant over `rounds` rounds: every variant once per round, the order rotated by one each
+    round (none always runs first on a warm or a cold cache), after one untimed call of each when `warmup`."""
+    names = list(variants)
+    if warmup:
+        for name in names:
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(clock(variants[name], device))
+    return times
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """{median, min, max} of a list of measurements (times or per-round ratios)."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def round_ratios(times: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
+    """`spread` of the per-round ratios times[num] / times[den] (ratios taken within a round, where the machine's
+    state is shared)."""
+    return spread([a / b for a, b in zip(times[num], times[den], strict=True)])
+
+
+def write_json(path: str | Path | None, result: dict) -> None:
+    """Write a result as JSON with this run's environment record and command line (nothing when `path` is None);
+    written to a temporary file first, so a run that stops leaves no half-written result."""
+    if path is None:
+        return
+    import json
+    import sys
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    full = {**result, "environment": run_environment(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(full, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def matmul_peak_fp32(reps: int) -> float:

@@ -1,4 +1,4 @@
-"""Issue 19's "done when" as one script: start `dsl-llada serve` (a subprocess) on a tiny model and show that one bad
+"""Can one bad request take the server down? Start `dsl-llada serve` (a subprocess) on a tiny model and show that one bad
 request cannot take it down. Checks, each printed with its outcome:
 
   nfe: 10**9 -> 400 naming nfe; eta: Infinity -> 400 JSON; a 5 MB body -> 413 while /health answers (timed);

@@ -34,4 +34,4 @@ def test_every_benchmark_script_goes_through_parse_args():
             assert "bench_environment()" in text and "finish_record" in text
             continue
         assert "parse_args(ap)" in text and "ap.parse_args()" not in text, path.name
-        assert re.search(r"environment_note\(\)|run_environment\(\)|write_section\(", text), path.name
+        assert re.search(r"environment_note\(\)|run_environment\(\)|write_section\(|write_json\(", text), path.name

@@ -392,9 +392,23 @@ class RemaskConfig(ConfigBase):
     from step to step, so a second compile makes it dynamic). Worth it on a GPU, where the eager forward at small
     batches is launch-bound (docs/benchmarks.md, *On a GPU*); tokens are those of the eager model up to
     floating-point rounding."""
+    threshold: float | None = None
+    """Confidence-threshold parallel decoding (Fast-dLLM's rule; low_confidence remasking only): each step also
+    commits every masked position of the block whose confidence exceeds this value, on top of the linear schedule
+    (recomputed from the masks left), and a block ends as soon as no mask is left, so the number of forward passes
+    is data-dependent (at most `steps`; with steps = gen_length each step commits at least the most confident
+    position, Fast-dLLM's setting). None (default) = the fixed schedule. 1 is never exceeded (the fixed schedule);
+    near 0 a block is committed in one pass."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        if self.threshold is not None:
+            check_number("threshold", self.threshold, lo=0.0, hi=1.0,
+                         reason="a softmax probability: 1 is never exceeded, None turns the rule off")
+            _check(self.remasking == "low_confidence" and not self.remdm,
+                   f"threshold={self.threshold!r} needs remasking='low_confidence' without remdm (it compares the "
+                   f"model's confidences; got remasking={self.remasking!r}, remdm={self.remdm!r}): drop threshold "
+                   f"or use low_confidence remasking")
         _check(self.kv_cache == "off" or not self.compile,
                f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
         check_number("steps", self.steps, lo=1, hi=MAX_NFE, integer=True,

@@ -60,9 +60,12 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
             return {"index": r.index, "prompt": prompts[r.index], "error": r.error, "sampler": name, "seed": r.seed}
         ids, out = r.response, r.output
         assert ids is not None and out is not None  # a row without an error has its tokens
-        return {"index": r.index, "prompt": prompts[r.index], "response": tokenizer.decode(ids, skip_special_tokens=True),
-                "response_ids": ids, "length": len(ids), "sampler": name, "nfe": out.nfe,
-                "forward_passes": out.forward_passes, "seed": r.seed}
+        rec = {"index": r.index, "prompt": prompts[r.index], "response": tokenizer.decode(ids, skip_special_tokens=True),
+               "response_ids": ids, "length": len(ids), "sampler": name, "nfe": out.nfe,
+               "forward_passes": out.forward_passes, "seed": r.seed}
+        if getattr(config, "threshold", None) is not None and out.steps_per_block is not None:
+            rec["steps_per_block"] = out.steps_per_block[r.row].tolist()  # this row's own (data-dependent) steps
+        return rec
 
     records: list[dict[str, Any]] = []
     for rows in run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i,

@@ -85,6 +85,15 @@ class RowRNG:
             self.rows = [self.rows[i] for i in keep]
         self.batch = len(keep)
 
+    def subset(self, rows: Sequence[int]) -> "RowRNG":
+        """The draws of only the rows at positions `rows` (rows sitting a step out): with one generator per row the
+        others' generators are left untouched, so each row draws what it would draw alone; a shared generator (or
+        none) is shared by the subset too."""
+        sub = RowRNG(self.gen, len(rows))
+        if self.rows is not None:
+            sub.rows = [self.rows[i] for i in rows]
+        return sub
+
     def randn(self, shape: tuple[int, ...], device: torch.device | str | None = None,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._draw(torch.randn, shape, device, dtype)
@@ -238,6 +247,9 @@ class SampleOutput:
     dropped: list[int] = field(default_factory=list)
     """Rows a step callback removed from the batch (`StepInfo.drop`): their `ids` are [MASK] and `lengths` 0
     (trajectory snapshots hold [MASK] for them after they left)."""
+    steps_per_block: torch.Tensor | None = None
+    """(B, n_blocks) denoising steps each row took in each block (discrete remasking; data-dependent with a
+    confidence threshold, where a batch runs each block until its slowest row is done); None for other samplers."""
 
     def responses(self) -> list[list[int]]:
         """Per row, the response ids truncated to `lengths` ([] for a dropped row, see `dropped`)."""

@@ -8,6 +8,12 @@ a confidence per position (softmax probability of x0, or a uniform draw), and th
 of the current block are committed. Committed tokens and prompt tokens never change (except ReMDM re-masking
 of committed tokens inside its loop window, see `remdm.py`). The [MASK] id itself is never proposed.
 
+With a confidence threshold (`RemaskConfig.threshold`, Fast-dLLM's parallel decoding) a step also commits every
+masked position of the block whose confidence exceeds it, the schedule's count is recomputed from the masks left
+(`remaining_quota`), and a block ends as soon as no row has a mask left in it: the steps per block are
+data-dependent. A batch runs each block until its slowest row is done; a row that is done sits the remaining
+steps out (unchanged, drawing nothing), so its tokens are those of the row run alone.
+
 The per-step decisions (proposal, confidence, commits, ReMDM re-masking) are `remask_step.remask_step`; this
 module runs the model, classifier-free guidance and token bans around it. Works on any `DiscreteModel` (a
 Backbone or a DSLModel's discrete path). Everything is computed per row, and random draws cover only the current
@@ -18,7 +24,7 @@ by one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -32,7 +38,8 @@ from .common import (ForwardCounter, LiveRows, PromptBatch, RowRNG, SampleOutput
 from .kv_cache import WindowKVCache
 from .observers import with_progress
 from .positions import LogitsBuffer, block_logits
-from .remask_step import NEG_INF, banned_ids, block_schedule, remask_step, suppressed_steps, transfer_counts
+from .remask_step import (NEG_INF, RemaskStep, banned_ids, block_schedule, remaining_quota, remask_step,
+                          suppressed_steps, transfer_counts)
 
 if TYPE_CHECKING:
     from ..backbones.base import SpecialTokens
@@ -117,6 +124,8 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     the step committed from (banned ids at -inf), `time` the overall diffusion time; `extra` has block,
     block_step, t, in_loop, n_committed, n_remasked (B,) and n_masked (B,). A callback may drop rows
     (`StepInfo.drop`): they leave the batch after that step (the output lists them in `dropped`).
+    With `config.threshold` the output's `nfe` is the steps run (at most `config.steps`), `steps_per_block` each
+    row's own, and `time` the largest fraction of a row's response still masked.
     """
     config = config or RemaskConfig()
     callback = with_progress(callback, progress, "remask")
@@ -140,69 +149,116 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     n_suppress = suppressed_steps(config.eos_suppress_ratio, S_b)
     trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
     schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
+    row_steps = torch.zeros(B, n_blocks, dtype=torch.long)  # steps each row took per block
     live = LiveRows(B)
     buffers = (LogitsBuffer(), LogitsBuffer())  # conditional, unconditional (CFG) block logits
+    step = 0
 
-    for step in range(config.steps):
-        k_blk, i = divmod(step, S_b)
+    for k_blk in range(n_blocks):
         lo, hi = P + k_blk * blk, P + (k_blk + 1) * blk
-        if i == 0:
-            schedule = block_schedule(x[:, lo:hi] == mask_id, S_b)
-            if cache is not None:
-                cache.start_window(lo, hi)
-
-        # logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the
-        # Gumbel draw and the confidences below are float64 as LLaDA's, without a float64 copy of (blk, V).
-        # Written into buffers reused across steps (no fresh page-faulting (B, W, V) tensor per step; a callback
-        # keeping a step's logits makes the buffer allocate anew, see positions.LogitsBuffer).
-        logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[0])
-        if config.cfg_scale > 0:
-            un_x = x.clone()
-            un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
-            un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[1])
-            # un + (s + 1) (logits - un), in place and bit for bit the same (each op is the same rounding)
-            logits.sub_(un).mul_(config.cfg_scale + 1.0).add_(un)
-            del un
-        logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
-        for tok in banned_ids(config, special, i, n_suppress):
-            logits[..., tok] = NEG_INF
-
-        st = remask_step(logits, x[:, lo:hi], schedule[:, i], block_step=i, steps_per_block=S_b, config=config,
-                         mask_id=mask_id, rng=rng)
-        x[:, lo:hi] = st.tokens
-
-        if trajectory is not None:  # .cpu() of a CPU tensor would alias x
-            trajectory.append(live.expand(x[:, P:].to("cpu", copy=True), mask_id))
-        if callback is not None:
-            newly = torch.zeros((B, L), dtype=torch.bool, device=device)
-            newly[:, lo - P:hi - P] = st.committed
-            info = StepInfo(step=step, total_steps=config.steps, tokens=x[:, P:].clone(), extra={
-                "block": k_blk, "block_step": i, "t": st.t, "in_loop": st.in_loop,
-                "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
-                "n_masked": (x[:, P:] == mask_id).sum(dim=1).cpu()},
-                time=_diffusion_time(step + 1, config.steps), committed=x[:, P:] != mask_id, newly_committed=newly,
-                logits=logits, window=(lo - P, hi - P), rows=live.rows)
-            callback(info)
-            keep = live.after(info, rng, device)
-            del info
-            if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
-                x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
-                attn = None if attn is None else attn[keep]
-                if cache is not None:
-                    cache.select_rows(keep)
-                B = x.shape[0]
-                if B == 0:
+        schedule = block_schedule(x[:, lo:hi] == mask_id, S_b)
+        if cache is not None:
+            cache.start_window(lo, hi)
+        for i in range(S_b):
+            quota, active = schedule[:, i], None
+            if config.threshold is not None:  # data-dependent: the block ends when no row has a mask left in it
+                n_left = (x[:, lo:hi] == mask_id).sum(dim=1)
+                if not bool(n_left.any()):
                     break
-        del logits  # the buffers' next view finds them unshared unless a callback kept this step's logits
+                quota, active = remaining_quota(n_left, S_b - i), n_left > 0
+            logits = _guided_logits(forward, x, attn, prompt_real, lo, hi, config, special, i, n_suppress, buffers)
+            st = _step_rows(logits, x[:, lo:hi], quota, active, block_step=i, steps_per_block=S_b, config=config,
+                            mask_id=mask_id, rng=rng)
+            x[:, lo:hi] = st.tokens
+            row_steps[:, k_blk] += (torch.ones(x.shape[0], dtype=torch.long) if active is None else active.cpu())
+
+            if trajectory is not None:  # .cpu() of a CPU tensor would alias x
+                trajectory.append(live.expand(x[:, P:].to("cpu", copy=True), mask_id))
+            if callback is not None:
+                info = _step_info(x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=step, block=k_blk,
+                                  block_step=i, rows=live.rows)
+                callback(info)
+                keep = live.after(info, rng, device)
+                del info
+                if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
+                    x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
+                    row_steps = row_steps[keep.cpu()]
+                    attn = None if attn is None else attn[keep]
+                    if cache is not None:
+                        cache.select_rows(keep)
+            step += 1
+            del logits  # the buffers' next view finds them unshared unless a callback kept this step's logits
+            if x.shape[0] == 0:
+                break
+        if x.shape[0] == 0:
+            break
 
     ids = x[:, P:]
     if config.truncate_at_eos:
         lengths = stop_lengths(ids, special.stop_ids())
     else:
-        lengths = torch.full((B,), L, dtype=torch.long, device=device)
+        lengths = torch.full((x.shape[0],), L, dtype=torch.long, device=device)
     return SampleOutput(ids=live.expand(ids.to("cpu", copy=True), mask_id), lengths=live.expand(lengths.cpu(), 0),
-                        nfe=config.steps, forward_passes=forward.count, trajectory=trajectory,
-                        config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped)
+                        nfe=config.steps if config.threshold is None else step, forward_passes=forward.count, trajectory=trajectory,
+                        config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped,
+                        steps_per_block=live.expand(row_steps, 0))
+
+
+def _step_info(response: torch.Tensor, st: RemaskStep, logits: torch.Tensor, window: tuple[int, int],
+               config: RemaskConfig, mask_id: int, *, step: int, block: int, block_step: int,
+               rows: Sequence[int]) -> StepInfo:
+    """The callback's view of a step: `response` (B, L) the response tokens after it, `window` the block's span."""
+    lo, hi = window
+    newly = torch.zeros(response.shape, dtype=torch.bool, device=response.device)
+    newly[:, lo:hi] = st.committed
+    n_masked = (response == mask_id).sum(dim=1)
+    time = (_diffusion_time(step + 1, config.steps) if config.threshold is None
+            else float(n_masked.max()) / response.shape[1])
+    return StepInfo(step=step, total_steps=config.steps, tokens=response.clone(), extra={
+        "block": block, "block_step": block_step, "t": st.t, "in_loop": st.in_loop,
+        "n_committed": st.committed.sum(dim=1).cpu(), "n_remasked": st.remasked.sum(dim=1).cpu(),
+        "n_masked": n_masked.cpu()},
+        time=time, committed=response != mask_id, newly_committed=newly, logits=logits, window=window, rows=rows)
+
+
+def _guided_logits(forward: Callable[..., torch.Tensor], x: torch.Tensor, attn: torch.Tensor | None,
+                   prompt_real: torch.Tensor, lo: int, hi: int, config: RemaskConfig, special: SpecialTokens,
+                   block_step: int, n_suppress: int, buffers: tuple[LogitsBuffer, LogitsBuffer]) -> torch.Tensor:
+    """The fp32 logits (B, hi - lo, V) of the current block after classifier-free guidance and the token bans.
+
+    Logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the Gumbel
+    draw and the confidences are float64 as LLaDA's, without a float64 copy of (blk, V). Written into buffers reused
+    across steps (no fresh page-faulting (B, W, V) tensor per step; a callback keeping a step's logits makes the
+    buffer allocate anew, see positions.LogitsBuffer)."""
+    mask_id, P = special.mask, prompt_real.shape[1]
+    logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[0])
+    if config.cfg_scale > 0:
+        un_x = x.clone()
+        un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
+        un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[1])
+        # un + (s + 1) (logits - un), in place and bit for bit the same (each op is the same rounding)
+        logits.sub_(un).mul_(config.cfg_scale + 1.0).add_(un)
+        del un
+    logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
+    for tok in banned_ids(config, special, block_step, n_suppress):
+        logits[..., tok] = NEG_INF
+    return logits
+
+
+def _step_rows(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.Tensor, active: torch.Tensor | None,
+               *, rng: RowRNG, **kw: Any) -> RemaskStep:
+    """`remask_step` on the rows where `active` (all rows when None): the other rows sit the step out, unchanged
+    and drawing no random numbers, so each row's draws are those of the row run alone (`RowRNG.subset`)."""
+    if active is None or bool(active.all()):
+        return remask_step(logits, block_tokens, quota, rng=rng, **kw)
+    idx = active.nonzero().squeeze(1)
+    sub = remask_step(logits[idx], block_tokens[idx], quota[idx], rng=rng.subset(idx.tolist()), **kw)
+    tokens, proposal = block_tokens.clone(), block_tokens.clone()
+    tokens[idx], proposal[idx] = sub.tokens, sub.proposal
+    committed = torch.zeros_like(block_tokens, dtype=torch.bool)
+    committed[idx] = sub.committed
+    return RemaskStep(tokens=tokens, proposal=proposal, committed=committed, remasked=torch.zeros_like(committed),
+                      t=sub.t, in_loop=sub.in_loop)
 
 
 @torch.no_grad()

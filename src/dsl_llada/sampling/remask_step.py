@@ -21,8 +21,8 @@ from .common import RowRNG
 from .guards import NonFiniteStateError
 from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sigma_max
 
-__all__ = ["RemaskStep", "banned_ids", "block_schedule", "remask_step", "row_argmax_logsumexp", "row_logsumexp",
-           "suppressed_steps", "transfer_counts"]
+__all__ = ["RemaskStep", "banned_ids", "block_schedule", "remaining_quota", "remask_step", "row_argmax_logsumexp",
+           "row_logsumexp", "suppressed_steps", "transfer_counts"]
 
 NEG_INF = float("-inf")
 
@@ -35,6 +35,15 @@ def transfer_counts(n_masked: int, steps: int) -> list[int]:
         raise ValueError(f"n_masked={n_masked} must be >= 0")
     base, extra = divmod(int(n_masked), int(steps))
     return [base + 1 if i < extra else base for i in range(steps)]
+
+
+def remaining_quota(n_masked: torch.Tensor, steps_left: int) -> torch.Tensor:
+    """(B,) the linear schedule's count for the next step, recomputed from the masks left: ceil(n / steps_left),
+    the first entry of `transfer_counts(n, steps_left)`. On a block the fixed schedule has followed this equals
+    its own next count, so a threshold that is never exceeded leaves LLaDA's schedule unchanged."""
+    if steps_left < 1:
+        raise ValueError(f"steps_left={steps_left} must be >= 1")
+    return torch.div(n_masked + (steps_left - 1), steps_left, rounding_mode="floor")
 
 
 def suppressed_steps(ratio: float, steps_per_block: int) -> int:
@@ -136,7 +145,8 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
 
     logits: (B, W, V) float32 logits of the block's positions, after guidance and token bans ([MASK] at -inf).
     block_tokens: (B, W) current tokens ([MASK] = not yet committed). quota: (B,) LLaDA's commit count for this
-    step (`block_schedule(...)[:, block_step]`). Random draws, in this order and only when needed: the Gumbel
+    step (`block_schedule(...)[:, block_step]`, or `remaining_quota` with a threshold). With `config.threshold`,
+    every masked position whose confidence exceeds it is committed too. Random draws, in this order and only when needed: the Gumbel
     noise (temperature > 0), ReMDM's re-mask draws (inside the loop window), the random confidences
     (remasking='random').
     """
@@ -182,6 +192,8 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
         k = k + remasked.sum(dim=1)  # re-masked tokens are re-revealed this step: masks never accumulate
         if i == S_b - 1:
             k = masked.sum(dim=1)  # the last step of a block resolves every remaining mask
+    if config.threshold is not None:  # also every masked position above the threshold: the top-k with k = their count
+        k = torch.maximum(k, (conf > config.threshold).sum(dim=1))
     commit = _topk_mask(conf, k) & masked
     return RemaskStep(tokens=torch.where(commit, x0, xb), proposal=x0, committed=commit, remasked=remasked, t=t,
                       in_loop=bool(in_loop))
