@@ -7,6 +7,10 @@ import errno
 import logging
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..loading import ModelHandle
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +48,14 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+TOY_MODEL_HELP = ("checkpoint folder (a DSL checkpoint or a bare backbone); default: the embedded toy world's DSL model "
+                  "(trained by `demo --quick` once, then cached)")
+
+
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) -> None:
-    p.add_argument("--model", required=required, default=None,
-                   help="checkpoint folder (DSL checkpoint or bare backbone)" + ("" if required else
-                        "; default: the embedded toy world's DSL model (trained by `demo --quick` once, then cached)"))
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a "
-                                                   "CPU with native bf16, else fp32)")
+    from ..model_source import add_model_source_args
+
+    add_model_source_args(p, required=required, path_help=None if required else TOY_MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=port, help=f"TCP port (default {port}; 0 = any free port)")
 
@@ -99,15 +103,11 @@ def add_serve_parser(sub) -> None:
     u.set_defaults(func=cmd_ui)
 
 
-def _load(a: argparse.Namespace):
-    from ..backbones import resolve_model_path
-    from ..loading import default_device, load_model, load_tokenizer, resolve_dtype
+def _open(a: argparse.Namespace) -> ModelHandle:
+    from ..loading import open_model
+    from ..model_source import model_source_from_args
 
-    device = a.device or default_device()
-    path = resolve_model_path(a.model)
-    dtype = resolve_dtype(a.dtype, device)
-    model = load_model(path, dtype=dtype, device=device)
-    return model, load_tokenizer(a.tokenizer or path), Path(path)
+    return open_model(model_source_from_args(a))
 
 
 def freeze_startup_objects() -> None:
@@ -155,11 +155,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     check_port_free(a.host, a.port)
     from .limits import Limits
     from .middleware import allowed_hosts
-    from .runner import context_limit
     from .service import parameter_count
 
-    model, tok, path = _load(a)
-    limits = Limits.for_model(context_limit(model), parameter_count(model), max_nfe=a.max_nfe, max_steps=a.max_steps,
+    handle = _open(a)
+    model, tok, path = handle.model, handle.tokenizer, handle.path
+    limits = Limits.for_model(handle.context, parameter_count(model), max_nfe=a.max_nfe, max_steps=a.max_steps,
                               max_tokens=a.max_tokens, max_prompt_tokens=a.max_prompt_tokens,
                               max_body_bytes=a.max_body_bytes, request_timeout_s=a.request_timeout_s)
     app = create_app(model, tok, model_name=a.served_model_name or path.name, api_key=api_key, limits=limits,
@@ -186,7 +186,7 @@ def cmd_ui(a: argparse.Namespace) -> int:
     from .ui import build_app
 
     check_port_free(a.host, a.port)
-    if a.model is None:
+    if getattr(a, "path", None) is None:
         from .ui import toy_model
 
         toy = Path(a.toy_dir) if a.toy_dir else Path.home() / ".cache" / "dsl-llada" / "toy-demo"
@@ -195,7 +195,7 @@ def cmd_ui(a: argparse.Namespace) -> int:
         model, tok = toy_model(toy)
         name = "toy world (demo --quick)"
     else:
-        model, tok, path = _load(a)
-        name = path.name
+        handle = _open(a)
+        model, tok, name = handle.model, handle.tokenizer, handle.path.name
     print(f"web UI for {name} on http://{a.host}:{a.port}", flush=True)
     return _run_uvicorn(build_app(model, tok, title=f"dsl-llada: {name}"), a.host, a.port)
