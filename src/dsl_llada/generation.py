@@ -18,7 +18,7 @@ from .backbones.base import Backbone
 from .loading import check_prompt_texts, encode_prompt
 from .model import DSLModel
 from .sampling.batches import RowResult, run_batches
-from .sampling.common import PromptBatch, SampleOutput
+from .sampling.common import PromptBatch, SampleOutput, StepCallback
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .sampling.guards import NonFiniteLogitsError
 from .utils import atomic_write_text
@@ -29,9 +29,10 @@ __all__ = ["SAMPLERS", "NonFiniteLogitsError", "generate", "run_sampler", "write
 
 
 def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, config: SamplerConfig, *,
-                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False) -> SampleOutput:
-    """Run one batch through the sampler that the config names."""
-    return sample(model, prompts, config, generator=generator, progress=progress)
+                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False,
+                callback: StepCallback | None = None) -> SampleOutput:
+    """Run one batch through the sampler that the config names (`callback(StepInfo)` after every step)."""
+    return sample(model, prompts, config, generator=generator, progress=progress, callback=callback)
 
 
 def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str], config: SamplerConfig, *,

@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 
-from ..config import RemaskConfig, SDEConfig
-from ..model import DSLModel
-from ..sampling import PromptBatch, SampleOutput, StepInfo
-from ..sampling.dispatch import sample
+from ..backbones.base import model_device
+from ..generation import run_sampler
+from ..sampling import PromptBatch, StepInfo
 from ..sampling.guards import FiniteLogitsGuard
 from ..sampling.observers import chain_callbacks
 from .batcher import Job, RequestTimeout
@@ -22,28 +21,9 @@ from .logprobs import LogprobRecorder, TokenLogprob
 log = logging.getLogger(__name__)
 
 
-def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
-                generators: Sequence[torch.Generator], callback: Callable[[StepInfo], None] | None = None) -> SampleOutput:
-    """One batch through the sampler that the config's type picks (`sampling.dispatch.sample`), one generator per
-    row; `name` (the request's sampler) must be the config's own."""
-    if config.sampler_name != name:
-        raise ValueError(f"sampler {name!r} does not match its config (which runs {config.sampler_name!r})")
-    return sample(model, prompts, config, generator=list(generators), callback=callback)
-
-
 def seeded_generator(seed: int) -> torch.Generator:
     """The CPU generator a request with `seed` gets (as `generation.generate` seeds prompt i with seed + i)."""
     return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def context_limit(model) -> int | None:
-    """Longest prompt + response the model supports (None = unbounded)."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
-    return getattr(backbone, "max_length", None)
 
 
 @dataclass
@@ -128,7 +108,8 @@ class BatchRunner:
                     job.emit(step_event(info, row, self.tokenizer))
 
         with torch.no_grad():
-            out = run_sampler(self.model, name, config, prompts, gens, chain_callbacks(FiniteLogitsGuard(), on_step))
+            out = run_sampler(self.model, prompts, config, generator=gens,
+                              callback=chain_callbacks(FiniteLogitsGuard(), on_step))
         if out.dropped:
             log.info("%d of %d rows left their batch before it ended (cancelled or past their deadline)",
                      len(out.dropped), len(jobs))

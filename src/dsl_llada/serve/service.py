@@ -16,7 +16,8 @@ from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
-from .runner import BatchRunner, JobResult, context_limit
+from ..backbones.base import context_limit
+from .runner import BatchRunner, JobResult
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
 
 

@@ -17,7 +17,7 @@ from ..loading import encode_prompt
 from ..model import DSLModel
 from ..sampling.registry import REGISTRY, get_spec
 from .batcher import same_torch_threads
-from .runner import context_limit
+from ..backbones.base import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
 from .trace import Trace, render_grid, render_step, run_traced
 

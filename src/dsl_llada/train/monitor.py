@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..backbones.base import model_device as _device
 from ..converter import noisy_states
 from .objectives import eligible_positions
 
@@ -44,10 +45,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, was in flags:
             m.training = was
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _prepared(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
