@@ -10,7 +10,7 @@ import shutil
 import pytest
 from faults_helpers import error_lines, make_dsl_dir
 
-from dsl_llada.cli import build_parser, main
+from dsl_llada.cli import main
 from dsl_llada.loading import open_model
 from dsl_llada.model import DSLModel, check_released_opt_in
 from dsl_llada.model_source import ModelSource
@@ -63,17 +63,22 @@ def test_generate(folders, capsys):
 
 @pytest.mark.parametrize("command", ["serve", "ui"])
 def test_serve_and_ui(folders, capsys, monkeypatch, command):
-    """Refused by the command itself (exit 2 before any port is served); with the flag, the command's own model
-    opening (its parsed flags through `serve_cli._open`) gives the released DSL model."""
-    from dsl_llada.serve import serve_cli
-    from dsl_llada.serve.serve_cli import _open
+    """Refused by the command (exit 2 before anything is served); with the flag, the command serves the released
+    DSL model (the HTTP server itself is replaced by a recorder here)."""
+    from dsl_llada.serve import server, ui
 
-    monkeypatch.setattr(serve_cli, "_run_uvicorn", lambda *a, **k: pytest.fail(f"{command} started serving"))
+    served: list = []
+    monkeypatch.setattr(server, "run_uvicorn", lambda app, *a, **k: served.append(app) or 0)
+    monkeypatch.setattr(server, "freeze_startup_objects", lambda: None)
+    monkeypatch.setattr(ui, "build_app", lambda model, tok, **k: model)  # ui: the model it would show
     base = [command, "--model", str(folders[1]), "--device", "cpu", "--dtype", "float32", "--port", "0"]
     assert main(base) == 2
     assert error_lines(capsys.readouterr().err) == [f"error: {the_refusal(folders[1])}"]
-    handle = _open(build_parser().parse_args([*base, "--assume-released"]))
-    assert isinstance(handle.model, DSLModel) and handle.model.config.context_embedding == "wte"
+    assert not served
+    assert main([*base, "--assume-released"]) == 0
+    (app,) = served
+    model = app if command == "ui" else app.state.service.model
+    assert isinstance(model, DSLModel) and model.config.context_embedding == "wte"
 
 
 def test_eval(folders, tmp_path, capsys):

@@ -52,9 +52,9 @@ def test_generate_refuses_a_tokenizer_larger_than_the_model(folders, tmp_path, c
 
 
 def test_serve_refuses_it_before_serving(folders, capsys, monkeypatch):
-    from dsl_llada.serve import serve_cli
+    from dsl_llada.serve import server
 
-    monkeypatch.setattr(serve_cli, "_run_uvicorn", lambda *a, **k: pytest.fail("serve started serving"))
+    monkeypatch.setattr(server, "run_uvicorn", lambda *a, **k: pytest.fail("serve started serving"))
     assert main(["serve", "--model", str(folders[1]), "--device", "cpu", "--port", "0"]) == 2
     (line,) = error_lines(capsys.readouterr().err)
     assert says_both_sizes(line, folders[2]), line

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -39,6 +39,12 @@ class JobResult:
     logprobs: list[TokenLogprob] | None = None
     """Per response token (after truncation): its log-probability under the sampler's final distribution and the
     top alternatives (only when the request asked for logprobs)."""
+
+    @property
+    def text_cost(self) -> int:
+        """The size of turning this result into text (tokens to decode, twice with logprobs): what decides whether
+        that runs off the event loop (`Service.off_loop`)."""
+        return len(self.ids) * (1 + (self.logprobs is not None))
 
 
 def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
@@ -79,7 +85,7 @@ class BatchRunner:
         self.progress = progress
 
     def __call__(self, jobs: Sequence[Job]) -> list[JobResult | None]:
-        name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
+        name, config = cast(tuple[Any, ...], jobs[0].key)[:2]  # (sampler, config[, prompt length])
         prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
         gens = [seeded_generator(j.seed) for j in jobs]
         top = max((j.top_logprobs for j in jobs if j.top_logprobs is not None), default=None)
