@@ -39,7 +39,9 @@ def test_serve_and_generate_offer_the_same_model_flags():
     assert {k: v for k, v in ui.items() if k != "--model"} == {k: v for k, v in gen.items() if k != "--model"}
     assert gen["--dtype"][1] == ("auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
     assert gen["--quantize"][1] == ("none", "int8")
-    for name in ("generate", "serve", "ui"):
+    lmeval = model_flags("lm-eval")  # its model folder flag keeps its earlier spelling too
+    assert lmeval.pop("--model-dir") == lmeval["--model"] and lmeval == gen
+    for name in ("generate", "serve", "ui", "lm-eval"):
         assert "--threads" in subparser(name)._option_string_actions  # the shared flag of computing commands
 
 

@@ -177,9 +177,10 @@ def check_vocabulary(tokenizer: Any, model: DSLModel | Backbone, *, tokenizer_pa
     with fewer tokens is normal (models pad their embedding table)."""
     n, vocab = len(tokenizer), int(model.vocab_size)
     if n > vocab:
+        ids = f"id {vocab}" if n == vocab + 1 else f"ids {vocab}..{n - 1}"
         raise CheckpointError(f"the tokenizer in {str(tokenizer_path)!r} has {n} tokens but the model in "
-                              f"{str(model_path)!r} has a vocabulary of {vocab}: ids {vocab}..{n - 1} would encode "
-                              f"tokens the model does not have; use the model's own tokenizer (--tokenizer)")
+                              f"{str(model_path)!r} has a vocabulary of {vocab}: its {ids} would reach the model as "
+                              f"tokens it does not have; use the model's own tokenizer (--tokenizer)")
 
 
 @dataclass(frozen=True)

@@ -74,18 +74,19 @@ MODEL_FLAGS = {"path": "--model"}
 """Fields whose flag is not their own name (the model folder is `--model` on every command)."""
 
 
-def add_model_source_args(parser: argparse.ArgumentParser, *, required: bool = True,
-                          path_help: str | None = None) -> None:
+def add_model_source_args(parser: argparse.ArgumentParser, *, required: bool = True, path_help: str | None = None,
+                          aliases: dict[str, str] | None = None) -> None:
     """One flag per ModelSource field, generated from the dataclass (`cli_config.add_config_args`), in a 'model'
     argument group: `--model`, `--tokenizer`, `--device`, `--dtype`, `--quantize`, `--assume-released`,
     `--allow-download`. `--threads` is the shared flag of every computing command (`cli.add_threads_args`).
-    `required`: `--model` must be given (else it may be left out: the command has a default model)."""
+    `required`: `--model` must be given (else it may be left out: the command has a default model). `aliases`: a
+    second spelling of a field's flag that a command kept from before (e.g. lm-eval's `--model-dir`)."""
     from .cli_config import add_config_args
 
     group = parser.add_argument_group("model", "the model to open (the same flags on every command that loads one)")
     add_config_args(group, (ModelSource, "model"), exclude=("threads",), flags=MODEL_FLAGS,
                     required=("path",) if required else (), helps={"path": path_help} if path_help else None,
-                    metavars={"path": "FOLDER", "tokenizer": "FOLDER", "device": "DEVICE"})
+                    metavars={"path": "FOLDER", "tokenizer": "FOLDER", "device": "DEVICE"}, aliases=aliases)
 
 
 def model_source_from_args(args: argparse.Namespace) -> ModelSource:
