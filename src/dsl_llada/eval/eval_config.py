@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 from ..config import BLOCK_SDE, ConfigBase, ConfigError, _check, read_config_file  # one validation helper
 from ..model_source import DTypeName, ModelSource
-from ..overrides import parse_override_value
+from ..overrides import apply_overrides
 from ..utils import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
@@ -300,39 +300,6 @@ def _spec(kind: type, data: dict[str, Any], where: str):
         return kind(**data)
     except TypeError as e:
         raise ConfigError(f"{where}: {e}") from None
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Dotted `key=value` overrides; a list element is addressed by its index or by its `name`
-    (e.g. `batch_size=4`, `nfe=[8,16]`, `tasks.summarization.datasets.xsum.limit=10`, `methods.0.options.eta=0`)."""
-    out = json.loads(json.dumps(data))
-    for item in overrides:
-        _check("=" in item, f"override {item!r} is not of the form key=value (e.g. batch_size=4 or nfe=[8,16])")
-        key, _, raw = item.partition("=")
-        parts = [p for p in key.strip().split(".") if p]
-        _check(bool(parts), f"override {item!r} has an empty key")
-        node: Any = out
-        for depth, p in enumerate(parts):
-            last = depth == len(parts) - 1
-            if isinstance(node, list):
-                idx = next((i for i, x in enumerate(node) if isinstance(x, dict) and x.get("name") == p), None)
-                if idx is None and p.isdigit() and int(p) < len(node):
-                    idx = int(p)
-                _check(idx is not None, f"override {item!r}: no list element named or numbered {p!r}")
-                if last:
-                    node[idx] = parse_override_value(raw.strip())
-                else:
-                    node = node[idx]
-            elif isinstance(node, dict):
-                if last:
-                    node[p] = parse_override_value(raw.strip())
-                else:
-                    if node.get(p) is None:
-                        node[p] = {}
-                    node = node[p]
-            else:
-                raise ConfigError(f"override {item!r}: {parts[depth - 1]!r} is not a section or a list")
-    return out
 
 
 def load_eval_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> EvalConfig:
