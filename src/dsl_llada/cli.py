@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
 # (spin-waiting) made sampling 5.6x slower than one thread with one CPU-bound neighbour on a 2-core machine; passive
@@ -179,12 +179,8 @@ def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = C
                 add_threads_args(sp, names, prefix=f"{full} ")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
-    p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_generate_parser(sub: Any) -> None:
+    """`generate`: the model flags (ModelSource), prompts, output and the sampler flags."""
     from .model_source import add_model_source_args
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
@@ -213,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(g)
     g.set_defaults(func=cmd_generate)
 
+
+def _add_convert_parser(sub: Any) -> None:
+    """`convert`: a backbone folder to a fresh DSL checkpoint."""
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
     c.add_argument("output", nargs="?", default=None,
@@ -227,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_args(c)
     c.set_defaults(func=cmd_convert)
 
+
+def _add_demo_parser(sub: Any) -> None:
+    """`demo`: the toy world end to end (and its sweep / cache frontier)."""
     d = sub.add_parser("demo", help="the whole pipeline on the embedded toy world (CPU, minutes)")
     d.add_argument("--quick", action="store_true", help="a ~2-minute version")
     d.add_argument("--out", default="dsl-llada-demo", help="report folder (default ./dsl-llada-demo)")
@@ -251,6 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep: N open-ended + N/2 summarisation prompts (default 96; 8 with --quick)")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
+    p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_generate_parser(sub)
+    _add_convert_parser(sub)
+    _add_demo_parser(sub)
 
     try:
         from .train.train_cli import add_train_parser
