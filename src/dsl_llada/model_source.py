@@ -16,16 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from .config import ConfigBase, _check
+from .environment import MAX_THREADS
 
 __all__ = ["DTYPE_NAMES", "MODEL_FLAGS", "ModelSource", "add_model_source_args", "model_source_from_args"]
 
 DTypeName = Literal["auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
 """What `dtype` accepts: 'auto' or an explicit name (`loading.DTYPES`)."""
-
-MAX_THREADS = 1024
-"""Largest `threads` value (as `environment.MAX_THREADS`)."""
-
 
 @dataclass(frozen=True)
 class ModelSource(ConfigBase):
