@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from .config import ConfigBase, _check
 from .environment import MAX_THREADS
@@ -92,8 +92,3 @@ def model_source_from_args(args: argparse.Namespace) -> ModelSource:
 
     return ModelSource(**{**given_fields(ModelSource, args), "threads": getattr(args, "threads", None)})
 
-
-def source_fields(data: dict[str, Any]) -> dict[str, Any]:
-    """The ModelSource fields of a mapping (an evaluation model entry, lm-eval's model_args), others left out."""
-    names = set(ModelSource.__dataclass_fields__)
-    return {k: v for k, v in data.items() if k in names}
