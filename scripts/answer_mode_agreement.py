@@ -65,7 +65,7 @@ def main() -> None:
     diff_d = sum(extract_math_gold(r["solution"], "default") != r["answer"] for r in m500)
     no_answer_correct = sum(math_correct("I do not know.", extract_math_gold(r["solution"], "authors"), "authors")
                             for r in m500)
-    print(f"\nMATH-500 gold extracted from `solution`: the authors' gold extraction (brace counting) is empty for "
+    print(f"\nMATH-500 gold extracted from `solution`: the authors' gold extraction (their one-level regex) is empty for "
           f"{empty_a}/500, differs from the "
           f"`answer` field for {diff_a}/500; balanced parser differs for {diff_d}/500; with the authors' golds a "
           f"reply with no answer scores correct on {no_answer_correct}/500.")

@@ -18,3 +18,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# Property-based tests (tests/test_properties.py): CI runs a few dozen examples per property (seconds); a longer
+# search is `python -m pytest tests/test_properties.py --hypothesis-profile=long`. No example database is written
+# into the checkout (database=None); a failure prints the example to reproduce it.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=25, **_COMMON)
+settings.register_profile("long", max_examples=1000, **_COMMON)
+settings.load_profile("ci")

@@ -68,13 +68,14 @@ def test_gsm8k_correct_numbers_vs_strings():
 def test_gsm8k_gold_from_full_solution():
     sol = "Janet has 3 + 4 = <<3+4=7>>7 eggs.\n#### 1,007"
     assert A.gsm8k_gold(sol) == "1007"
-    # authors: text after the last '####', stripped, commas kept (their normaliser drops them); no '####': as is
-    assert A.gsm8k_gold(sol, "authors") == "1,007"
-    assert A.gsm8k_gold("#### 5\n#### 6 ", "authors") == "6" and A.gsm8k_gold("#### 5\n#### 6 ") == "5"
-    assert A.gsm8k_gold(" 1,234 ", "authors") == "1,234" and A.gsm8k_gold(" 1,234 ") == "1234"
-    assert A.gsm8k_gold("72 apples", "authors") == "72 apples"
+    # authors: the rest of the line after the first '####', stripped, commas removed; no '####': ""
+    assert A.gsm8k_gold(sol, "authors") == "1007"
+    assert A.gsm8k_gold("#### 5\n#### 6 ", "authors") == "5" and A.gsm8k_gold("#### 5\n#### 6 ") == "5"
+    assert A.gsm8k_gold(" 1,234 ", "authors") == "" and A.gsm8k_gold(" 1,234 ") == "1234"
+    assert A.gsm8k_gold("72 apples", "authors") == ""
     assert A.gsm8k_correct("#### 72", "72 apples", "authors") is False  # "72" != "72apples"
-    assert A.gsm8k_correct("#### 1007", sol) and A.gsm8k_correct("#### 1007", sol, mode="authors")
+    assert A.gsm8k_correct("#### 1007", sol)
+    assert A.gsm8k_correct("#### 1007", A.gsm8k_gold(sol, "authors"), mode="authors")
 
 
 def test_bad_mode():
@@ -112,17 +113,18 @@ def test_boxed_nesting():
     assert A.extract_math(r"\fbox{\dfrac{8}{3}}") == r"\dfrac{8}{3}"
 
 
-def test_math_gold_nested_in_both_modes_but_prediction_not():
-    """official-impl §5.8: the authors' *gold* extraction is nested-brace aware, their *prediction* regex is not."""
+def test_math_gold_two_levels_deep_is_empty_in_authors_mode():
+    """The authors' gold uses the same one-level regex as their prediction: two brace levels give ""."""
     sol = r"Hence $\cos 30^\circ = \boxed{\frac{\sqrt{3}}{2}}$."
     assert A.extract_math_gold(sol) == r"\frac{\sqrt{3}}{2}"
     gold_a = A.extract_math_gold(sol, mode="authors")
-    assert gold_a == r"\frac{\sqrt{3}}{2}"
-    # the right answer in the same nested form extracts "" in authors mode, so it scores wrong there
-    assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", gold_a, mode="authors") is False
+    assert gold_a == ""
+    # the nested answer extracts "" too, and "" == "": correct in authors mode -- as is a reply with no answer
+    assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", gold_a, mode="authors") is True
+    assert A.math_correct("I give up", gold_a, mode="authors") is True
     assert A.math_correct(r"\boxed{\frac{\sqrt{3}}{2}}", A.extract_math_gold(sol)) is True
-    assert A.math_correct("I give up", gold_a, mode="authors") is False
-    # authors: last \boxed{ only (no \fbox), braces counted without escapes, "" when absent or unclosed
+    assert A.math_correct("I give up", A.extract_math_gold(sol)) is False
+    # authors: last regex match of \boxed{ only (no \fbox), one nesting level, "" when none matches
     assert A.authors_last_boxed(r"\boxed{1} then \boxed{ {2} }") == "{2}"
     assert A.authors_last_boxed(r"\fbox{3}") == "" and A.extract_math_gold(r"\fbox{3}") == "3"
     assert A.authors_last_boxed(r"\boxed{a \{ b") == ""

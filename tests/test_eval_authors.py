@@ -38,6 +38,25 @@ def test_gsm8k_default_differences_pinned():
     assert A.gsm8k_correct("The answer is 3.0", "3")
 
 
+def test_gsm8k_gold_authors():
+    # §5.8: the rest of the line after the first '####', stripped, commas removed; "" without the marker
+    assert A.gsm8k_gold("She sold 48/2 = 24 clips.\n#### 1,200", "authors") == "1200"
+    assert A.gsm8k_gold("#### 5\n#### 6", "authors") == "5"
+    assert A.gsm8k_gold("steps\n####   72  \nmore text", "authors") == "72"
+    assert A.gsm8k_gold("1,200", "authors") == "" and A.gsm8k_gold("no marker at all", "authors") == ""
+    assert A.gsm8k_gold("1,200") == "1200"                                        # default: the bare answer
+    assert A.gsm8k_correct("#### 1200", A.gsm8k_gold("x\n#### 1,200", "authors"), "authors")
+
+
+def test_math_gold_authors_is_the_one_level_regex():
+    # §5.8: the prediction's one-level regex, last match, "" when none matches
+    assert A.extract_math_gold(r"so \boxed{1} then \boxed{\frac{1}{2}}.", "authors") == r"\frac{1}{2}"
+    assert A.extract_math_gold(r"so \boxed{\frac{\sqrt{2}}{2}}", "authors") == ""   # two levels: empty gold
+    assert A.extract_math_gold(r"\boxed{ 7 } and \boxed{\frac{\sqrt{2}}{2}}", "authors") == "7"  # last *match*
+    assert A.extract_math_gold("no box here", "authors") == ""
+    assert A.extract_math_gold(r"so \boxed{\frac{\sqrt{2}}{2}}") == r"\frac{\sqrt{2}}{2}"  # default: balanced
+
+
 def test_math_authors():
     assert A.extract_math(r"\boxed{1} and \boxed{\frac{1}{2}}", "authors") == r"\frac{1}{2}"
     assert A.extract_math(r"\boxed{\frac{\sqrt{3}}{2}}", "authors") == ""            # one nesting level
@@ -116,29 +135,35 @@ def test_generation_metrics_authors_drop_empties():
 # --------------------------------------------------------------------------- §5.1 Fix / Clean, corruption, token diff
 
 def test_fix_clean_authors_zero_corrupted_and_macro():
-    r = M.fix_clean([1, 2, 3], [1, 2, 3], [9, 9, 9], mode="authors")
-    assert (r.fix, r.clean) == (0.0, 1.0)                       # no corrupted position: Fix 0, Clean 1
-    d = M.fix_clean([1, 2, 3], [1, 2, 3], [9, 9, 9])
-    assert (d.fix, d.clean) == (None, 0.0)
+    # §5.1 (eval_corruption_single): no corrupted position -> Fix 0.0, Clean computed normally (2 of 3)
+    r = M.fix_clean([1, 2, 3], [1, 2, 3], [1, 2, 9], mode="authors")
+    assert (r.fix, r.clean) == (0.0, 2 / 3)
+    assert M.fix_clean([1, 2, 3], [1, 2, 3], [9, 9, 9], mode="authors").clean == 0.0
+    d = M.fix_clean([1, 2, 3], [1, 2, 3], [1, 2, 9])
+    assert (d.fix, d.clean) == (None, 2 / 3)                      # default: 0/0 is undefined, skipped
     full = M.fix_clean([1, 2], [5, 6], [1, 0], mode="authors")
-    assert (full.fix, full.clean) == (0.5, None)                # every position corrupted: Clean undefined
+    assert (full.fix, full.clean) == (0.5, 1.0)                   # every position corrupted: Clean 1.0
+    assert M.fix_clean([1, 2], [5, 6], [1, 0]).clean is None
     t1 = M.fix_clean([1, 2, 3, 4], [1, 9, 3, 4], [1, 2, 3, 0], mode="authors")
     assert (t1.fix, t1.clean) == (1.0, 2 / 3)
-    assert M.macro_fix_clean([t1, r]) == {"fix": 0.5, "clean": (2 / 3 + 1.0) / 2}
-    assert M.macro_fix_clean([t1, d]) == {"fix": 1.0, "clean": (2 / 3 + 0.0) / 2}
+    assert M.macro_fix_clean([t1, r]) == {"fix": 0.5, "clean": 2 / 3}
+    assert M.macro_fix_clean([t1, d]) == {"fix": 1.0, "clean": 2 / 3}
+    assert M.macro_fix_clean([t1, full]) == {"fix": 0.75, "clean": (2 / 3 + 1.0) / 2}
 
 
-def test_random_corruption_randomstate_draw_order():
+def test_random_corruption_randomstate_sorted_draw_order():
     ids = list(range(1000, 1010))
-    got, pos = AU.corrupt_random_tokens(ids, 0.3, 42)
-    # RandomState(42): choice(10, 3, replace=False) -> [8, 1, 5]; then randint(100, 126000) per position in that order
-    assert pos == [8, 1, 5]
-    assert got == [1000, 37294, 1002, 1003, 1004, 87598, 1006, 1007, 82486, 1009]
     rs = np.random.RandomState(42)
-    p = [int(x) for x in rs.choice(10, 3, replace=False)]
-    assert p == pos and [int(rs.randint(100, 126000)) for _ in p] == [got[i] for i in p]
+    drawn = [int(x) for x in rs.choice(10, 3, replace=False)]
+    assert drawn == [8, 1, 5]                                     # choice's order...
+    repl = [int(rs.randint(100, 126000)) for _ in range(3)]
+    assert repl == [82486, 37294, 87598]
+    # ...sorted ascending, and the replacements drawn in that ascending order: 1 <- 82486, 5 <- 37294, 8 <- 87598
+    got, pos = AU.corrupt_random_tokens(ids, 0.3, 42)
+    assert pos == [1, 5, 8]
+    assert got == [1000, 82486, 1002, 1003, 1004, 37294, 1006, 1007, 87598, 1009]
     other, pos43 = AU.corrupt_random_tokens(ids, 0.3, 43)         # different seed, different corruption
-    assert pos43 == [3, 9, 6] and other != got
+    assert pos43 == [3, 6, 9] and other != got
     # re-drawn while equal to the original: ids 5..6 only, originals 6 and 8 (8 is never drawn)
     assert AU.corrupt_random_tokens([5, 6, 7, 8], 0.5, 42, low=5, high=7) == ([5, 5, 7, 6], [1, 3])
     # int(n * rate): 100 * 0.29 = 28.999... -> 28 positions (default mode: 29)
@@ -152,7 +177,7 @@ def test_random_token_cases_use_seed_plus_text_id():
     cases = random_token_cases(texts, None, rate=0.3, seed=42, id_range=(100, 126000), text_ids=[0, 7], mode="authors")
     assert list(cases[0].corrupted) == AU.corrupt_random_tokens(texts[0], 0.3, 42)[0]
     assert list(cases[1].corrupted) == AU.corrupt_random_tokens(texts[1], 0.3, 49)[0]
-    assert cases[0].meta["positions"] == [8, 1, 5]
+    assert cases[0].meta["positions"] == [1, 5, 8]
 
 
 def test_mask_positions_int_count():
@@ -168,11 +193,29 @@ def test_token_diff_positions_and_realistic_scores():
     # replace 2,3 -> 8,9 (equal length) then an inserted 0: positions 1, 2 of the corrupted sequence
     assert AU.token_diff_positions([1, 2, 3, 4, 5, 6], [1, 8, 9, 4, 0, 5, 6]) == [(1, 2), (2, 3)]
     assert AU.token_diff_positions([1, 2, 3], [1, 2, 3]) == []
+    al = AU.realistic_alignment([1, 2, 3, 4, 5, 6], [1, 8, 9, 4, 0, 5, 6])
+    assert al.corrupt == [(1, 1), (2, 2)] and al.clean == [(0, 0), (3, 3), (4, 5), (5, 6)] and al.skipped_ops == 1
     r = AU.realistic_fix_clean([1, 2, 3, 4, 5, 6], [1, 8, 9, 4, 0, 5, 6], [1, 2, 0, 4, 0, 0, 6])
-    # fix: pos 1 -> 2 ok, pos 2 -> 3 wrong = 1/2; clean over 0,3,4,5,6: 1,4,0 ok, 5->0 wrong, 6 ok = 4/5
-    assert (r["fix"], r["clean"], r["n_corrupted"], r["n_uncorrupted"]) == (0.5, 0.8, 2, 5)
-    none = AU.realistic_fix_clean([1, 2], [1, 2], [0, 0])
-    assert (none["fix"], none["clean"]) == (0.0, 1.0)
+    # fix: pos 1 -> 2 ok, pos 2 -> 3 wrong = 1/2; clean = equal-op tokens only (0, 3, 5, 6 of the corrupted
+    # sequence; the inserted 0 at 4 counts toward neither): 1, 4 ok, 5 -> 0 wrong, 6 ok = 3/4
+    assert (r["fix"], r["clean"], r["n_corrupted"], r["n_uncorrupted"], r["skipped_ops"]) == (0.5, 0.75, 2, 4, 1)
+    # no corrupt pair (an unequal-length replace only): Fix 0.0; Clean over the equal ops 0, 3, 4: 2 of 3
+    none = AU.realistic_fix_clean([1, 2, 3, 4], [1, 7, 8, 3, 4], [1, 0, 0, 3, 0])
+    assert (none["fix"], none["clean"], none["n_uncorrupted"]) == (0.0, 2 / 3, 3)
+    same = AU.realistic_fix_clean([1, 2], [1, 2], [0, 2])
+    assert (same["fix"], same["clean"]) == (0.0, 0.5)
+    every = AU.realistic_fix_clean([1, 2], [3, 4], [1, 4])         # no clean pair: Clean 1.0
+    assert (every["fix"], every["clean"]) == (0.5, 1.0)
+
+
+def test_realistic_alignment_has_autojunk_off():
+    # 211 ids, the popular id 7 would be junk with autojunk on (the whole sequence one 211-token replace);
+    # with it off: one replaced token, then 210 equal ones
+    o, c = [1] + [7] * 210, [2] + [7] * 210
+    al = AU.realistic_alignment(o, c)
+    assert al.corrupt == [(0, 0)] and al.clean == [(k, k) for k in range(1, 211)] and al.skipped_ops == 0
+    r = AU.realistic_fix_clean(o, c, [1] + [7] * 209 + [0])
+    assert (r["fix"], r["clean"], r["n_corrupted"]) == (1.0, 209 / 210, 1)
 
 
 # --------------------------------------------------------------------------- §5.3 ECE
@@ -202,14 +245,15 @@ def test_judge_prompt_template_is_filled_literally():
 
 def test_judge_parse_authors_known_outputs():
     scores = dict(zip(AXES, (4, 3, 9, "x")))
-    text = "Sure:\n" + json.dumps({"a": scores, "b": {}, "overall": "tie"}) + "\nthanks"
-    got = parse_reply(text, "authors")
-    assert got == {"a": {"factuality": 4.0, "coverage": 3.0, "fluency": 9.0}, "b": {}, "overall": "tie",
-                   "rationale": ""}
+    obj = {"a": scores, "b": {}, "overall": "tie"}
+    text = "Sure:\n" + json.dumps(obj) + "\nthanks"
+    assert parse_reply(text, "authors") == obj                            # §5.7: as decoded, nothing added
+    assert "rationale" not in parse_reply(text, "authors")
     assert parse_reply(text) is None                                       # ours validates the scores
-    assert parse_reply(text.replace('"tie"', '"Tie"'), "authors") is None  # exact verdict spelling
+    assert parse_reply(text.replace('"tie"', '"Tie"'), "authors")["overall"] == "Tie"  # verdict case kept
     assert parse_reply('{"overall": "A"} {"overall": "B"}', "authors") is None  # greedy span is not one object
-    assert parse_reply('x {"overall": "B", "a": {"factuality": 2}} y', "authors")["overall"] == "B"
+    assert parse_reply('x {"overall": "B", "a": {"factuality": 2}} y', "authors") == {
+        "overall": "B", "a": {"factuality": 2}}
 
 
 def test_reasoning_task_scores_each_mode_with_its_own_gold():
@@ -227,14 +271,20 @@ def test_reasoning_task_scores_each_mode_with_its_own_gold():
     samples = task.samples(ds, {})
     answers = [_json.loads(x)["answer"] for x in (d / "math500_test.jsonl").read_text().splitlines() if x.strip()]
     assert len(samples) == 500
-    assert sum(s.info["gold_authors"] == a for s, a in zip(samples, answers)) == 500  # §5.8: nested-brace aware
-    deep = [s for s in samples if A.extract_math("\\boxed{" + s.info["gold"] + "}", "authors") == ""]
-    assert len(deep) == 5  # golds with two brace levels: only the prediction side fails on them
+    assert sum(s.info["gold"] == a for s, a in zip(samples, answers)) == 500          # default: balanced
+    # §5.8: the one-level regex gives an empty gold for the 5 golds with two brace levels
+    assert sum(s.info["gold_authors"] == a for s, a in zip(samples, answers)) == 495
+    deep = [s for s in samples if s.info["gold_authors"] == ""]
+    assert len(deep) == 5
+    assert all(A.extract_math("\\boxed{" + s.info["gold"] + "}", "authors") == "" for s in deep)
     for s in deep:
         m = task.item_metrics(s.info, "so \\boxed{" + s.info["gold"] + "}", "authors")
-        assert m["correct"] is True and m["correct_authors"] is False
+        assert m["correct"] is True and m["correct_authors"] is True      # "" == "": the authors score it correct
+        assert task.item_metrics(s.info, "I do not know.", "authors")["correct_authors"] is True
     gsm = DatasetSpec(name="gsm8k", path=str(d / "gsm8k_test.jsonl"), kind="gsm8k", limit=3)
-    for s in task.samples(gsm, {}):
-        gold = s.info["gold_authors"].split("####")[-1].strip()
+    rows = [_json.loads(x) for x in (d / "gsm8k_test.jsonl").read_text().splitlines()[:3]]
+    for s, row in zip(task.samples(gsm, {}), rows):
+        gold = row["answer"].split("####")[1].strip().replace(",", "")
+        assert s.info["gold_authors"] == gold                        # extracted from the official `answer`
         m = task.item_metrics(s.info, f"#### {gold}", "authors")
         assert m["correct"] and m["correct_authors"]

@@ -34,10 +34,14 @@ def test_parse_reply_robust_takes_first_valid_object_authors_mode_fails_on_two()
     assert got["overall"] == "tie" and got["a"]["factuality"] == 4.0
     assert parse_reply(text, mode="authors") is None  # their greedy {...} span spans several objects
     assert parse_reply("prefix " + reply(overall="B") + " suffix", mode="authors")["overall"] == "B"
-    # the authors' verdict must be exactly "A", "B" or "tie": no upper-casing, no stripping
+    # the authors' verdict is kept as written; only exactly "A", "B" or "tie" counts (others are filtered)
+    s = Sample("1", "x", "r")
     for v in ("b", "a", "Tie", "TIE", " A"):
-        assert parse_reply(reply(overall=v), mode="authors") is None
+        assert parse_reply(reply(overall=v), mode="authors")["overall"] == v
+        assert judgment_record(Pair("1", False, s, s), reply(overall=v), mode="authors")["parsed"] is False
         assert parse_reply(reply(overall=v)) is not None or v == " A"
+    rec = judgment_record(Pair("1", True, s, s), '{"overall": "tie"}', mode="authors")
+    assert rec["parsed"] is True and rec["winner"] == "tie" and rec["rationale"] is None
 
 
 def test_authors_parser_accepts_what_robust_rejects():
@@ -45,13 +49,14 @@ def test_authors_parser_accepts_what_robust_rejects():
     for text in (reply(a=(6, 4, 4, 4)), '{"a": {"factuality": 3}, "b": {}, "overall": "A"}', '{"overall": "tie"}',
                  '{"a": 1, "b": "x", "overall": "B", "rationale": 5}'):
         assert parse_reply(text) is None
-        got = parse_reply(text, mode="authors")
-        assert got is not None and got["overall"] in ("A", "B", "tie")
-    got = parse_reply(reply(a=(6, 4, 4, 4)), mode="authors")
-    assert got["a"]["factuality"] == 6.0 and got["b"]["coverage"] == 2.0
-    assert parse_reply('{"a": {"factuality": 3}, "b": {}, "overall": "A"}', mode="authors")["a"] == {"factuality": 3.0}
+        assert parse_reply(text, mode="authors") == json.loads(text)    # as decoded, nothing added or dropped
+    s = Sample("1", "x", "r")
+    rec = judgment_record(Pair("1", False, s, s), '{"a": 1, "b": {"fluency": "x", "coverage": 2}, "overall": "B"}',
+                          mode="authors")
+    assert rec["parsed"] and rec["scores_a"] == {} and rec["scores_b"] == {"coverage": 2.0}  # numbers for the means
     assert parse_reply('["overall", "A"]', mode="authors") is None and parse_reply("{ broken", mode="authors") is None
-    assert parse_reply('{"overall": "C"}', mode="authors") is None
+    assert parse_reply('{"overall": "C"}', mode="authors") == {"overall": "C"}
+    assert judgment_record(Pair("1", False, s, s), '{"overall": "C"}', mode="authors")["parsed"] is False
 
 
 @pytest.mark.parametrize("bad", [

@@ -148,9 +148,10 @@ def confined_file(folder: Path, name: object, where: str) -> Path:
     return path
 
 
-def check_safetensors_header(path: Path) -> None:
+def check_safetensors_header(path: Path, *, advice: str = "copy, convert or download it again") -> None:
     """Raise CheckpointError unless `path` is a complete safetensors file: its header parses and the tensor data it
-    describes fits the file exactly (a truncated file fails here, before anything is loaded)."""
+    describes fits the file exactly (a truncated file fails here, before anything is loaded). `advice` ends the
+    message (what the user can do about a damaged file of this kind)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -164,7 +165,7 @@ def check_safetensors_header(path: Path) -> None:
             raise ValueError(f"the header describes {8 + n + max(ends, default=0)} bytes")
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{str(path)!r} is not a readable safetensors file ({size} bytes: {e}); it is truncated "
-                              f"or damaged — copy, convert or download it again") from None
+                              f"or damaged — {advice}") from None
 
 
 def checkpoint_files(folder: str | Path) -> dict[str, Path]:

@@ -101,11 +101,17 @@ def default_threads() -> int:
 def set_threads(n: int | None = None) -> int:
     """Set torch's intra-op thread count for this process to `n`, or to `default_threads()` when `n` is None;
     returns the count set. The count is then part of every `environment_record()`. Raises ValueError for anything
-    but an integer in 1..MAX_THREADS."""
+    but an integer in 1..MAX_THREADS; warns (stderr) above `usable_cpus()`."""
     if n is None:
         n = default_threads()
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
         raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got {n!r}")
+    cpus = usable_cpus()
+    if n > cpus:
+        import sys
+
+        print(f"warning: --threads {n} is more than the {cpus} CPU(s) this process may use; the extra threads only "
+              f"compete for them (usually slower) — use --threads {cpus} or fewer", file=sys.stderr)
     torch.set_num_threads(n)
     return n
 

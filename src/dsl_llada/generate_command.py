@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .loading import ModelHandle, check_prompt_lengths, check_prompt_texts, encode_prompt, open_model, read_prompts, \
-    resolve_source
+from .loading import ModelHandle, check_prompt_chars, check_prompt_lengths, check_prompt_texts, encode_prompt, \
+    open_model, read_prompts, resolve_source
 from .model_source import ModelSource
 from .records import RecordFile
 from .sampling.dispatch import SamplerConfig
@@ -125,6 +125,7 @@ def _run(s: GenerateSettings, handle: ModelHandle, prompts: list[str], out: Reco
          echo: Callable[[dict[str, Any]], None] | None) -> int:
     from .generation import NonFiniteLogitsError, generate
 
+    check_prompt_chars(prompts, handle.tokenizer, context=handle.context, gen_length=s.config.gen_length)
     encoded = [encode_prompt(handle.tokenizer, p, chat_template=s.chat_template,
                              allow_special_tokens=s.allow_special_tokens) for p in prompts]
     check_prompt_lengths(encoded, context=handle.context, gen_length=s.config.gen_length)  # once, before sampling

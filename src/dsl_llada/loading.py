@@ -24,6 +24,7 @@ from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
 from .model import DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
+from .utils import not_text
 
 __all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
            "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",
@@ -223,7 +224,7 @@ def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandl
     checkpoint, the released layout only with `assume_released`, or a bare backbone), quantize it when asked, and
     refuse a tokenizer with ids the model lacks (`check_vocabulary`)."""
     source = resolve_source(source)
-    if source.threads is not None:
+    if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
         from .environment import set_threads
 
         set_threads(source.threads)
@@ -329,12 +330,18 @@ def encode_prompt(tokenizer: Any, text: str, *, chat_template: bool = True, allo
 
 
 def check_prompt_texts(prompts: Sequence[str]) -> None:
-    """Refuse empty (or whitespace-only) prompts up front, naming the first few."""
+    """Refuse empty (or whitespace-only) prompts up front, naming the first few, and a prompt that is not text
+    (a lone surrogate: an invalid UTF-8 byte on the command line, or a ``\\ud800`` escape)."""
     empty = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
     if empty:
         which = f"prompt {empty[0]} is" if len(empty) == 1 else \
             f"prompts {', '.join(map(str, empty[:5]))}{' ...' if len(empty) > 5 else ''} are"
         raise ValueError(f"{which} empty (counting from 0 in the order given); every prompt needs some text")
+    for i, p in enumerate(prompts):
+        bad = not_text(p)
+        if bad:
+            raise ValueError(f"prompt {i} (counting from 0 in the order given) is not valid text: {bad}")
+
 
 
 def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | None, gen_length: int) -> None:
@@ -356,12 +363,47 @@ def check_prompt_lengths(encoded: Sequence[Sequence[int]], *, context: int | Non
 
 
 
+def longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters of text one token of `tokenizer` can stand for: the longest spelling in its vocabulary
+    (added tokens included); None when the tokenizer exposes no vocabulary."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, TypeError, NotImplementedError):
+        return None
+    return max((len(t) for t in vocab if isinstance(t, str)), default=0) or None
+
+
+def check_prompt_chars(prompts: Sequence[str], tokenizer: Any, *, context: int | None, gen_length: int) -> None:
+    """Before tokenising: refuse a prompt that cannot fit the context whatever its tokens, because even if every
+    token were the longest of the vocabulary (`longest_token_chars`) it would need more than the context leaves
+    after gen_length (a multi-megabyte line is refused at once instead of after a long, memory-hungry encode).
+    Assumes the tokenizer drops no characters; `check_prompt_lengths` still checks the exact count."""
+    chars = longest_token_chars(tokenizer)
+    if context is None or chars is None:
+        return
+    room = context - gen_length
+    if room < 1:
+        raise ValueError(f"gen_length {gen_length} exceeds the model's context of {context}, which leaves no room for "
+                         f"a prompt; reduce --gen-length to at most {context - 1}")
+    for i, p in enumerate(prompts):
+        least = -(-len(p) // chars)
+        if least > room:
+            raise ValueError(f"prompt {i} is too long: its {len(p):,} characters are at least {least:,} tokens (no "
+                             f"token of this tokenizer spells more than {chars} characters), and the model's context "
+                             f"of {context} leaves {room} tokens after gen_length {gen_length}; shorten it")
+
+
 def _prompt_of(obj: Any, field: str, where: str) -> str:
     if isinstance(obj, str):
-        return obj
-    if isinstance(obj, dict) and isinstance(obj.get(field), str):
-        return cast(str, obj[field])
-    raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
+        text, what = obj, "the string"
+    elif isinstance(obj, dict) and isinstance(obj.get(field), str):
+        text, what = cast(str, obj[field]), f"field {field!r}"
+    else:
+        raise ValueError(f"{where}: expected a JSON object with a string field {field!r} (see --prompt-field)")
+    bad = not_text(text)
+    if bad:
+        raise ValueError(f"{where}: {what} is not valid text: {bad}")
+    return text
 
 
 MAX_PROMPT_LINE_BYTES = 4 << 20

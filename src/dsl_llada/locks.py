@@ -31,8 +31,11 @@ __all__ = ["flock_or_refuse", "lock_holder", "lock_path", "output_lock"]
 
 
 def lock_path(path: str | Path) -> Path:
-    """The lock file of output `path`: ``.NAME.lock`` in the same parent folder."""
+    """The lock file of output `path`: ``.NAME.lock`` in the same parent folder (of the folder a symbolic link
+    names, so a run through the link and one through the folder take the same lock)."""
     p = Path(os.path.abspath(path))
+    if p.is_symlink():
+        p = p.resolve()
     return p.with_name(f".{p.name}.lock")
 
 

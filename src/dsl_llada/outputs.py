@@ -151,6 +151,8 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, sources: It
     raw = Path(path)
     out = Path(os.path.abspath(raw))
     real = out.resolve()
+    if out.is_symlink() and real.is_dir():  # a link to a folder is judged (and written) as the folder it names
+        out = real
     for s in sources:
         if s is None:
             continue

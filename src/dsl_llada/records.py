@@ -111,6 +111,9 @@ class RecordFile:
                 raise OutputError(f"--output {str(path)!r} is the input {str(p)!r}; choose another output file")
         if path.is_dir():
             raise OutputError(f"--output {str(path)!r} is a folder; give a file name such as {str(path / 'records.jsonl')!r}")
+        if path.exists() and not path.is_file():  # a device (/dev/full), FIFO or socket: records need a plain file
+            raise OutputError(f"--output {str(path)!r} is not a regular file (a device, FIFO or socket); records and "
+                              f"{path.name}.config.json are written as plain files — give a file name in a folder")
         check_writable(path.parent, what="--output folder")
         if path.exists() and not os.access(path, os.W_OK):
             raise OutputError(f"--output {str(path)!r} is not writable; choose another file")

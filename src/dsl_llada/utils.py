@@ -6,6 +6,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -93,13 +94,41 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+class Terminated(SystemExit):
+    """SIGTERM arrived while an atomic write was in progress (see `terminate_raises`); exit code 143."""
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """Inside the block, SIGTERM raises `Terminated` in the main thread (so the `finally`/`except` clauses of the
+    atomic writers remove their temp files) instead of ending the process on the spot. Only where SIGTERM has its
+    default action (a server's own handler is left alone) and only in the main thread; a no-op elsewhere."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a temp folder next to `path`; on success it replaces `path`.
 
     `path` may be missing, an empty folder, or a model folder this package wrote (`outputs.is_own_artifact(path,
     "model")`); anything else raises OutputError before any work, so no user folder is ever deleted here.
-    A crash, a full disk or Ctrl-C inside the block leaves `path` untouched and removes the temp folder.
+    A crash, a full disk, Ctrl-C or SIGTERM inside the block leaves `path` untouched and removes the temp folder
+    (SIGTERM then raises `Terminated`, after the safetensors write in progress has finished).
     """
     from .outputs import OutputError, is_own_artifact, unknown_entries
 
@@ -112,6 +141,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
             raise OutputError(f"{str(path)!r} holds files dsl-llada did not write ({', '.join(unknown_entries(path, 'model')[:3])}); "
                               f"it is left alone — choose a new or empty folder")
     path.parent.mkdir(parents=True, exist_ok=True)
+    with terminate_raises():
+        yield from _fill_and_rename(path)
+
+
+def _fill_and_rename(path: Path) -> Iterator[Path]:
+    """The body of `atomic_directory`: a temp folder next to `path`, renamed onto it after the caller's block."""
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     os.chmod(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint should be readable like any other folder
     try:
@@ -137,8 +172,6 @@ def stale_temp_folders(path: str | Path) -> list[Path]:
     """Temp folders `atomic_directory(path)` leaves next to `path` when its process dies (kill -9, power loss):
     ``.NAME.XXXXXXXX.tmp`` and ``.NAME.old``. Only meaningful while the caller holds `path`'s lock
     (`dsl_llada.locks.output_lock`): then no live writer owns them."""
-    import re
-
     path = Path(os.path.abspath(path))
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.([A-Za-z0-9_]{{8}}\.tmp|old)$")
     if not path.parent.is_dir():
@@ -146,20 +179,41 @@ def stale_temp_folders(path: str | Path) -> list[Path]:
     return sorted(p for p in path.parent.iterdir() if pattern.match(p.name) and p.is_dir() and not p.is_symlink())
 
 
+_SAFETENSORS_PARTIAL = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
+"""The temp file safetensors (0.5+) writes a weights file into before renaming it: what a writer killed inside
+`save_file` leaves in its temp folder."""
+
+
 def remove_stale_temp_folders(path: str | Path) -> tuple[list[Path], list[Path]]:
-    """Remove the `stale_temp_folders` of `path` that hold only model files (what `atomic_directory` writes).
-    Returns (removed, kept): a folder holding anything else or another folder is left alone and returned in kept."""
+    """Remove the `stale_temp_folders` of `path` that hold only model files (what `atomic_directory` writes,
+    including a half-written weights file under safetensors' temp name). Returns (removed, kept): a folder holding
+    anything else or another folder is left alone and returned in kept."""
     from .outputs import _MODEL_ALLOWED
 
     removed, kept = [], []
     for p in stale_temp_folders(path):
         entries = list(p.iterdir())
-        if all(e.is_file() and not e.is_symlink() and _MODEL_ALLOWED.match(e.name) for e in entries):
+        if all(e.is_file() and not e.is_symlink() and (_MODEL_ALLOWED.match(e.name) or _SAFETENSORS_PARTIAL.match(e.name))
+               for e in entries):
             shutil.rmtree(p)
             removed.append(p)
         else:
             kept.append(p)
     return removed, kept
+
+
+def not_text(text: str) -> str | None:
+    """Why `text` cannot be encoded as UTF-8 (it holds a lone surrogate), or None. A surrogate U+DC80..U+DCFF is
+    how Python spells an invalid byte of the command line."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        origin = (f"the invalid UTF-8 byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF
+                  else f"a \\u{code:04x} escape")
+        return (f"character {e.start} is the lone surrogate U+{code:04X} ({origin}), which is not text; "
+                f"give the prompt as UTF-8 text")
+    return None
 
 
 def progress(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "", enabled: bool = True,
@@ -192,11 +246,15 @@ def describe_os_error(e: OSError) -> str:
 
 def run_cli_command(func: Callable[[Any], int | None], args: Any, *, interrupted: str) -> int:
     """Run a CLI subcommand: bad input or an unusable file/disk becomes one `error: ...` line and exit code 2,
-    Ctrl-C exit code 130."""
+    Ctrl-C exit code 130, SIGTERM during an atomic write (`Terminated`) exit code 143."""
     import sys
 
     try:
         return int(func(args) or 0)
+    except Terminated:
+        print("error: terminated (SIGTERM); the output being written was removed, finished ones are kept",
+              file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return 130

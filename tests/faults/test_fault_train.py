@@ -4,6 +4,7 @@ a full disk during a checkpoint (8), damaged checkpoints with resume='auto' and 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import time
@@ -178,3 +179,50 @@ def test_temp_folders_of_a_killed_save_are_removed_by_the_next_run(run4, tmp_pat
     assert main(train_argv(out, "max_steps=5", "save_every=2")) == 0
     assert not (out / ".checkpoint-99.tmp").exists() and not (out / ".final.tmp").exists()
     assert "temp folder left by an interrupted save" in caplog.text
+
+
+# -- third reliability probe: damaged per-process state, the damaged-checkpoint advice, linked run folders, inputs ---
+def test_resume_auto_skips_a_checkpoint_whose_rng_state_cannot_be_restored(run4, tmp_path, caplog):
+    out = copy_run(run4, tmp_path / "run")
+    (out / "checkpoint-4" / "trainer_state" / "rank-0.json").write_text('{"rng": 1}')
+    assert main(train_argv(out, "max_steps=6", "save_every=2")) == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "skipping damaged checkpoint" in r.getMessage()]
+    assert "checkpoint-4" in warning and "rank-0.json" in warning and "RNG" in warning
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert (out / "damaged-checkpoint-4").is_dir()
+
+
+def test_the_damaged_training_checkpoint_warning_does_not_say_download_it(run4, tmp_path, caplog):
+    out = copy_run(run4, tmp_path / "run")
+    opt = out / "checkpoint-4" / "trainer_state" / "optimizer.safetensors"
+    opt.write_bytes(opt.read_bytes()[:100])
+    assert main(train_argv(out, "max_steps=5", "save_every=5")) == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "skipping damaged checkpoint" in r.getMessage()]
+    assert "download" not in warning and "training checkpoint is damaged" in warning
+
+
+def test_a_linked_output_dir_of_a_finished_run_is_continued(run4, tmp_path, capsys):
+    out = copy_run(run4, tmp_path / "run")
+    link = tmp_path / "link"
+    link.symlink_to(out, target_is_directory=True)
+    assert main(train_argv(link, "max_steps=5", "save_every=5")) == 0, capsys.readouterr().err
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4, 5] and (out / "checkpoint-5").is_dir()
+    assert link.is_symlink()
+
+
+def test_a_fifo_in_data_files_is_named_as_such(tmp_path, capsys):
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    capsys.readouterr()
+    assert main(train_argv(tmp_path / "run", "max_steps=1", f"data.files=[{fifo}]")) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert f"{str(fifo)!r} is not a regular file (a FIFO, device or socket)" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_tokenizer_folder_is_no_such_folder(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(train_argv(tmp_path / "run", "max_steps=1", "tokenizer=/nonexistent")) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith("error: tokenizer='/nonexistent': no such folder") and "Repo id" not in line
+    assert not (tmp_path / "run").exists()

@@ -44,6 +44,8 @@ def load_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, devic
     """Load a backbone folder by local path (hub downloads are the caller's choice: see `resolve_model_path`)."""
     path = Path(path)
     cfg = read_json(path / "config.json", "model config")
+    if not isinstance(cfg.get("model_type", ""), str):
+        raise CheckpointError(f"{path}/config.json: model_type={cfg['model_type']!r} must be a string such as 'llada'")
     model_type = str(cfg.get("model_type", "")).lower()
     loader = _LOADERS.get(model_type)
     if loader is None and model_type == "dream":
@@ -61,6 +63,10 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     p = Path(name_or_path)
     if p.is_dir():
         return p
+    if p.exists():
+        parent = str(p.parent)
+        raise CheckpointError(f"{name_or_path!r} is a file, not a model folder; give the folder that holds config.json "
+                              f"and the weights (e.g. {parent!r})")
     if not allow_download:
         raise CheckpointError(f"checkpoint folder {name_or_path!r} does not exist (to fetch a Hugging Face hub id instead, "
                               f"pass --allow-download)")

@@ -336,7 +336,7 @@ def load_hf_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, de
     checkpoint_files(path)  # fail early (and name safetensors) when the folder has no weights we can read
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, TypeError) as e:
         import transformers
 
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

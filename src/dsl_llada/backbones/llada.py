@@ -114,9 +114,9 @@ class LLaDAConfig:
 
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any], where: str = "config.json") -> "LLaDAConfig":
-        missing = [k for k in cls.REQUIRED if k not in data]
+        missing = [k for k in cls.REQUIRED if data.get(k) is None]
         if missing:
-            raise CheckpointError(f"{where} lacks required LLaDA field(s) {missing}")
+            raise CheckpointError(f"{where} lacks required LLaDA field(s) {missing} (absent or null)")
         for k, allowed in cls.UNSUPPORTED.items():
             if k in data and data[k] not in allowed:
                 raise CheckpointError(f"{where}: {k}={data[k]!r} is not supported (supported: {list(allowed)})")

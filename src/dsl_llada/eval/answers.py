@@ -17,9 +17,10 @@
 number, so "Hello, world" extracts ""), commas removed; both sides go through the same string normalisation
 (strip, lower-case, drop ``, $ %`` and spaces, strip trailing periods) and are compared as strings, so
 ``3.0 != 3`` and an empty prediction equals an empty gold. MATH uses a regex that tolerates one level of
-nested braces in *predictions* (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing; golds use a brace-counting
-scanner, :func:`authors_last_boxed`) and an "answer is" fallback
-that stops at the first period ("answer is 3.14" gives "3").
+nested braces (``\\boxed{\\frac{\\sqrt{3}}{2}}`` extracts nothing), for predictions and golds alike
+(:func:`authors_last_boxed`), and an "answer is" fallback for predictions that stops at the first period
+("answer is 3.14" gives "3"). Their GSM8K gold is the rest of the line after the first ``####``, stripped,
+commas removed, and ``""`` when there is no ``####``.
 
 Pure functions: no model, no I/O.
 """
@@ -149,26 +150,27 @@ def gsm8k_gold(gold_text: str, mode: str = "default") -> str:
 
     Default: the rest of the line after the first ``####`` when present (the dataset's ``answer`` field), else
     the whole string (an already-extracted ``gold_answer``); stripped, commas removed.
-    Authors (official-impl §5.8, "gold GSM8K = text after ####"): the text after the last ``####``
-    (``split("####")[-1]``), stripped, commas kept (their comparison normalises them away); without ``####``
-    the gold text itself, stripped (their data files carry the extracted ``gold_answer``).
+    Authors: the rest of the line after the first ``####`` (whitespace after the marker skipped), stripped,
+    commas removed; ``""`` when there is no ``####`` (so a bare gold answer gives an empty gold).
     """
     _check_mode(mode)
-    if mode == "authors":
-        return gold_text.split("####")[-1].strip()
     m = _A_GOLD_HASH.search(gold_text)
+    if mode == "authors" and m is None:
+        return ""
     s = m.group(1) if m else gold_text
     return s.strip().replace(",", "")
 
 
 def gsm8k_correct(pred_text: str, gold_text: str, mode: str = "default") -> bool:
-    """Whether a GSM8K reply is correct. ``gold_text`` is either a bare answer ("2,125") or a full reference
-    solution ending in ``#### answer``."""
+    """Whether a GSM8K reply is correct. Default: ``gold_text`` is either a bare answer ("2,125") or a full
+    reference solution ending in ``#### answer``. Authors: ``gold_text`` is the gold answer as their data files
+    hold it (``gold_answer``; take it out of a solution with ``gsm8k_gold(solution, "authors")``), compared
+    after their normalisation."""
     _check_mode(mode)
-    gold = gsm8k_gold(gold_text, mode)
     pred = extract_gsm8k(pred_text, mode)
     if mode == "authors":
-        return authors_normalize(pred or "") == authors_normalize(gold)
+        return authors_normalize(pred or "") == authors_normalize(gold_text)
+    gold = gsm8k_gold(gold_text, mode)
     p, g = parse_number(pred), parse_number(gold)
     if p is None or g is None:
         return False
@@ -228,26 +230,17 @@ def extract_math(text: str, mode: str = "default") -> str | None:
 
 
 def authors_last_boxed(solution: str) -> str:
-    """The authors' gold extraction for MATH (official-impl §5.8: "last boxed in solution, nested-brace aware"):
-    the content of the last ``\\boxed{`` with braces counted (no escape handling, no ``\\fbox``), stripped;
-    ``""`` when there is none or its braces never close."""
-    start = solution.rfind("\\boxed{")
-    if start < 0:
-        return ""
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(solution)):
-        depth += (solution[j] == "{") - (solution[j] == "}")
-        if depth == 0:
-            return solution[i:j].strip()
-    return ""
+    """The authors' gold extraction for MATH: the same one-nesting-level ``\\boxed{...}`` regex as their
+    prediction, last match, stripped; ``""`` when none matches (so ``\\boxed{\\frac{\\sqrt{2}}{2}}``, two
+    levels deep, gives ``""``)."""
+    hits = _A_BOXED.findall(solution)
+    return hits[-1].strip() if hits else ""
 
 
 def extract_math_gold(solution: str, mode: str = "default") -> str | None:
-    """The gold answer of a MATH solution: the last boxed expression with balanced braces (default: also
-    ``\\fbox``, escaped braces skipped, ``None`` when there is none; authors: :func:`authors_last_boxed`, ``""``
-    when there is none). Unlike the *prediction* regex, the authors' gold extraction is nested-brace aware, so
-    ``\\boxed{\\frac{\\sqrt{3}}{2}}`` gives ``\\frac{\\sqrt{3}}{2}`` in both modes."""
+    """The gold answer of a MATH solution: default: the last boxed expression with balanced braces (also
+    ``\\fbox``, escaped braces skipped), ``None`` when there is none; authors: :func:`authors_last_boxed`
+    (one nesting level, ``""`` when none matches)."""
     _check_mode(mode)
     if mode == "authors":
         return authors_last_boxed(solution)

@@ -88,8 +88,8 @@ def random_token_cases(texts: Sequence[str | Sequence[int]], tokenizer: Any, *, 
     depend on which other texts are evaluated. Empty texts are skipped.
 
     ``mode="authors"``: :func:`dsl_llada.eval.authors.corrupt_random_tokens` with ``RandomState(seed + text_id)``,
-    ``max(1, int(n * rate))`` positions in the authors' draw order, and no excluded ids (they only re-draw the
-    original id)."""
+    ``max(1, int(n * rate))`` positions sorted ascending and their replacements drawn in that order, and no
+    excluded ids (they only re-draw the original id)."""
     ids_list = [_encode(tokenizer, t, max_tokens) for t in texts]
     tids = list(range(len(ids_list))) if text_ids is None else list(text_ids)
     if len(tids) != len(ids_list):
@@ -271,8 +271,8 @@ def realistic_records(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, An
                       gamma: float | None = None, seed: int = 0, batch_size: int = 8) -> list[dict[str, Any]]:
     """The authors' realistic-correction scoring of sentence pairs (``{"id", "original", "corrupted"}``): both
     sides tokenised separately, the model reads the corrupted ids, and
-    :func:`dsl_llada.eval.authors.realistic_fix_clean` scores it at :func:`~dsl_llada.eval.authors.token_diff_positions`
-    (so pairs whose lengths differ are scored too)."""
+    :func:`dsl_llada.eval.authors.realistic_fix_clean` scores it on the pairs of
+    :func:`~dsl_llada.eval.authors.realistic_alignment` (so pairs whose lengths differ are scored too)."""
     from .authors import realistic_fix_clean
 
     pairs = [(r.get("id", i), _encode(tokenizer, r["original"], None), _encode(tokenizer, r["corrupted"], None))

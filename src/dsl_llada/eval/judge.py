@@ -189,9 +189,9 @@ def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
 
     robust: scan every '{' and decode the JSON value starting there; return the first object with all fields
     (scores 1-5 on every axis, verdict A/B/tie in any case).
-    authors (official-impl §5.7, "parse first {...}"): the greedy span from the first '{' to the last '}' must
-    decode as a JSON object whose "overall" is exactly "A", "B" or "tie" (case and spacing as written); nothing
-    else is checked — the scores are kept as given (numbers only) for the per-axis means.
+    authors: the greedy span from the first '{' to the last '}' must decode as a JSON object, which is returned
+    as decoded (no field added, none normalised; a reply holding two objects fails). Whether its verdict counts
+    is decided when the judgment is recorded (:func:`judgment_record`).
     """
     if mode == "authors":
         m = re.search(r"\{.*\}", text, flags=re.DOTALL)
@@ -201,17 +201,7 @@ def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
             obj = json.loads(m.group(0))
         except json.JSONDecodeError:
             return None
-        if not isinstance(obj, dict) or obj.get("overall") not in VERDICTS:
-            return None
-
-        def nums(side: Any) -> dict[str, float]:
-            if not isinstance(side, dict):
-                return {}
-            return {ax: float(side[ax]) for ax in AXES if isinstance(side.get(ax), (int, float))
-                    and not isinstance(side.get(ax), bool)}
-
-        return {"a": nums(obj.get("a")), "b": nums(obj.get("b")), "overall": obj["overall"],
-                "rationale": str(obj.get("rationale", ""))}
+        return obj if isinstance(obj, dict) else None
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try:
@@ -237,13 +227,31 @@ def unswap(pair: Pair, parsed: dict[str, Any]) -> dict[str, Any]:
     return {"winner": winner, "scores_a": scores_a, "scores_b": scores_b, "shown_first_won": shown_first_won}
 
 
+def _authors_counted(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """An authors-mode decoded reply as a judgment, or None (filtered) when its "overall" is not exactly "A", "B"
+    or "tie": the verdict as written; per side the axes whose score is a number (for the per-axis means)."""
+    if obj.get("overall") not in VERDICTS:
+        return None
+
+    def nums(side: Any) -> dict[str, float]:
+        if not isinstance(side, dict):
+            return {}
+        return {ax: float(side[ax]) for ax in AXES
+                if isinstance(side.get(ax), (int, float)) and not isinstance(side.get(ax), bool)}
+
+    return {"a": nums(obj.get("a")), "b": nums(obj.get("b")), "overall": obj["overall"],
+            "rationale": obj.get("rationale")}
+
+
 def judgment_record(pair: Pair, reply: str | None, *, mode: str, error: str | None = None) -> dict[str, Any]:
     """One JSON line of the judgments file (keyed by `key` = sample id + presentation order)."""
     parsed = parse_reply(reply, mode) if reply is not None else None
+    if parsed is not None and mode == "authors":
+        parsed = _authors_counted(parsed)
     rec: dict[str, Any] = {"key": pair.key, "id": pair.id, "swap": pair.swap, "reply": reply, "parsed": parsed is not None}
     if parsed is not None:
         rec.update(unswap(pair, parsed))
-        rec["rationale"] = parsed["rationale"]
+        rec["rationale"] = parsed.get("rationale")
     if error is not None:
         rec["error"] = error
     return rec

@@ -418,9 +418,8 @@ def fix_clean(original_ids: Any, corrupted_ids: Any, predicted_ids: Any, *, mode
     Fix = #{i in C : predicted_i == original_i} / |C|;
     Clean = #{i not in C : predicted_i == corrupted_i} / (n - |C|).
     ``default``: a ratio with a zero denominator is ``None`` (skipped by :func:`macro_average`).
-    ``authors``: a text with no corrupted position scores Fix = 0.0 and Clean = 1.0 whatever the prediction
-    (the authors' behaviour as issue 20 reports it; it then counts in the macro average); a text with every
-    position corrupted keeps Clean = ``None`` (the reference is silent on that case).
+    ``authors``: a text with no corrupted position scores Fix = 0.0 (Clean is computed as usual, over every
+    position); a text with every position corrupted scores Clean = 1.0. Both then count in the macro average.
     """
     _check_mode(mode)
     o = _to_1d(original_ids, np.int64, "original_ids")
@@ -432,10 +431,9 @@ def fix_clean(original_ids: Any, corrupted_ids: Any, predicted_ids: Any, *, mode
         )
     mask = c != o
     n_c, n_u = int(mask.sum()), int((~mask).sum())
-    if mode == "authors" and n_c == 0:
-        return FixCleanResult(fix=0.0, clean=1.0, n_corrupted=0, n_uncorrupted=n_u)
-    fix = float((p[mask] == o[mask]).sum()) / n_c if n_c else None
-    clean = float((p[~mask] == c[~mask]).sum()) / n_u if n_u else None
+    authors = mode == "authors"
+    fix = float((p[mask] == o[mask]).sum()) / n_c if n_c else (0.0 if authors else None)
+    clean = float((p[~mask] == c[~mask]).sum()) / n_u if n_u else (1.0 if authors else None)
     return FixCleanResult(fix=fix, clean=clean, n_corrupted=n_c, n_uncorrupted=n_u)
 
 

@@ -8,6 +8,7 @@ OpenAI-style JSON body; in a stream that already began, one final error event.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batcher import Job, NeverFits, QueueFull, ShuttingDown
 from .limits import Limits
@@ -194,6 +196,13 @@ async def on_invalid(request: Request, exc: Exception) -> Response:
     return _error(400, f"invalid value for {param!r}: {'; or: '.join(msgs)}", "invalid_request_error", param)
 
 
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    """An HTTP error raised before the route (e.g. a body that is not UTF-8): the OpenAI error body."""
+    e = cast(StarletteHTTPException, exc)
+    detail = e.detail if isinstance(e.detail, str) else json.dumps(e.detail)
+    return _error(e.status_code, detail, "invalid_request_error", headers=getattr(e, "headers", None))
+
+
 async def on_request_error(request: Request, exc: Exception) -> Response:
     e = cast(RequestError, exc)
     return JSONResponse(e.body(), status_code=e.status)
@@ -217,5 +226,5 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 ERROR_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
-    RequestValidationError: on_invalid, RequestError: on_request_error, NeverFits: on_never_fits,
+    RequestValidationError: on_invalid, StarletteHTTPException: on_http_error, RequestError: on_request_error, NeverFits: on_never_fits,
     QueueFull: on_full, ShuttingDown: on_closing, Exception: on_unexpected}

@@ -13,10 +13,11 @@ import re
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..config import RemaskConfig, SDEConfig
 from ..sampling.registry import SAMPLERS, SamplerSettingError, get_spec, sampler_config
+from ..utils import not_text
 
 # request fields handled explicitly (not passed through as config fields)
 _EXPLICIT = {"nfe", "steps", "gen_length", "block_length", "eta", "temperature", "remdm"}
@@ -70,8 +71,18 @@ class SamplingFields(BaseModel):
     eta: float | None = Field(None, ge=0)
 
 
+def _text_only(value: Any) -> Any:
+    """A string (or each string of a list) must be text: a lone surrogate (a ``\\ud800`` escape in the JSON body)
+    cannot be tokenised, so it is refused here (400) instead of failing inside the tokenizer."""
+    for s in (value if isinstance(value, list) else [value]):
+        bad = not_text(s) if isinstance(s, str) else None
+        if bad:
+            raise ValueError(bad)
+    return value
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int]
+    prompt: Annotated[str | list[str] | list[int], AfterValidator(_text_only)]
     """A string, a list of strings (one choice set each), or one prompt as token ids."""
     chat_template: bool = False
     """Extension: wrap each prompt string as one user turn with the tokenizer's chat template."""
@@ -82,14 +93,14 @@ class CompletionRequest(SamplingFields):
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Annotated[str, AfterValidator(_text_only)]
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: Annotated[str | list[ContentPart], AfterValidator(_text_only)]
     name: str | None = None
     """OpenAI's participant name: accepted, not rendered (the chat templates have no place for it)."""
 

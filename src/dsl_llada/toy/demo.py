@@ -85,6 +85,9 @@ class DemoConfig(ConfigBase):
                dtype: str = "float32") -> "DemoConfig":
         if not 1 <= sample_seeds <= MAX_SAMPLE_SEEDS:
             raise ValueError(f"--seeds must be an integer from 1 to {MAX_SAMPLE_SEEDS}, got {sample_seeds!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_DEMO_SEED:
+            raise ValueError(f"--seed {seed!r} is out of range: it must be an integer from 0 to {MAX_DEMO_SEED} (the "
+                             f"demo's generators take 32-bit seeds)")
         if not quick:
             return cls(seed=seed, controls=controls, sample_seeds=sample_seeds, dtype=dtype)
         return cls(seed=seed, quick=True, controls=controls, sample_seeds=sample_seeds, dtype=dtype, n_train=2000,
@@ -94,6 +97,8 @@ class DemoConfig(ConfigBase):
 
 
 MAX_SAMPLE_SEEDS = 16
+MAX_DEMO_SEED = 2**31 - 1
+"""Largest `--seed` of the demo: its generators take 32-bit seeds, and the stages add small offsets to it."""
 CHECKSUMS = "checksums.json"
 
 

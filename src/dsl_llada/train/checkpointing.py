@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -200,14 +201,35 @@ def check_checkpoint(folder: str | Path) -> dict:
             raise CheckpointError(f"trainer state {str(sd / name)!r} must hold a JSON object; the checkpoint is damaged")
     if not state.get("deepspeed"):
         _check_json(sd / "optimizer.json", "optimizer state")
+    for st in sorted(sd.glob("*.safetensors")):
+        check_safetensors_header(st, advice=_DAMAGED)
     for r in range(state["world_size"]):
         _check_json(sd / f"rank-{r}.json", "per-process state")
-    for st in sorted(sd.glob("*.safetensors")):
-        check_safetensors_header(st)
+        _check_rank_state(sd, r)
     _check_json(folder / "config.json", "model config")
     for path in sorted(set(checkpoint_files(folder).values())):
-        check_safetensors_header(path)
+        check_safetensors_header(path, advice=_DAMAGED)
     return state
+
+
+_DAMAGED = "the training checkpoint is damaged; resume from an earlier one"
+
+
+def _check_rank_state(sd: Path, rank: int) -> None:
+    """The per-process state must restore: its RNG states are tried on throwaway generators (the global ones are
+    left alone) and its data position must be a JSON object."""
+    path = sd / f"rank-{rank}.json"
+    try:
+        tree = load_tree(sd, f"rank-{rank}")
+        rng = tree["rng"]
+        random.Random().setstate(rng["python"])
+        np.random.RandomState().set_state(rng["numpy"])
+        torch.Generator().set_state(rng["torch"])
+        if not isinstance(rng.get("generators", {}), dict) or not isinstance(tree["data"], dict):
+            raise TypeError("'generators' and 'data' must be JSON objects")
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError, OSError, SafetensorError) as e:
+        raise CheckpointError(f"per-process state {str(path)!r} does not hold restorable RNG states and data position "
+                              f"({type(e).__name__}: {e}); {_DAMAGED}") from None
 
 
 def intact_checkpoints(output_dir: str | Path) -> tuple[list[tuple[int, Path]], list[tuple[Path, str]]]:

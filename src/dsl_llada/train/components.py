@@ -173,6 +173,10 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
     if name == "ids":
         return _ids_encode, None
     folder = Path(name) if name else fallback_dir
+    if name and not folder.is_dir():  # never a hub id: the tokenizer is a local folder
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise ConfigError(f"tokenizer={name!r}: {what}; set `tokenizer` to a local tokenizer folder (with "
+                          f"tokenizer.json), 'bytes' or 'ids'")
     if folder is None:
         raise ConfigError("no tokenizer: set `tokenizer` to a tokenizer folder, 'bytes' or 'ids' (init_from='scratch' "
                           "has no tokenizer files)")

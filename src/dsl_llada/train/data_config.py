@@ -102,6 +102,8 @@ class DataConfig(ConfigBase):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         if files is not None:
+            _check(isinstance(files, (list, tuple)) and all(isinstance(f, (str, os.PathLike)) for f in files),
+                   f"DataConfig.files must be a path or a list of paths (or glob patterns), got {files!r}")
             files = tuple(os.fspath(f) for f in files)
             _check(bool(files), "DataConfig.files is an empty list; give at least one path or use None")
             object.__setattr__(self, "files", files)

@@ -24,7 +24,8 @@ def make_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
 
 
 def expand_files(patterns: list[str]) -> list[str]:
-    """Glob patterns expanded and sorted; plain paths must exist."""
+    """Glob patterns expanded and sorted; plain paths must exist; every file must be a regular file (a FIFO or
+    device would block or never end)."""
     paths: list[str] = []
     for p in patterns:
         if glob.has_magic(p):
@@ -32,10 +33,15 @@ def expand_files(patterns: list[str]) -> list[str]:
             if not hits:
                 raise FileNotFoundError(f"DataConfig.files pattern {p!r} matched no files")
             paths += hits
-        elif not os.path.isfile(p):
+        elif not os.path.exists(p):
             raise FileNotFoundError(f"DataConfig.files: no such file {p!r}")
         else:
             paths.append(p)
+    for p in paths:
+        if not os.path.isfile(p):
+            kind = "a folder" if os.path.isdir(p) else "not a regular file (a FIFO, device or socket)"
+            raise ValueError(f"DataConfig.files: {p!r} is {kind}; training data must be regular .txt, .jsonl or "
+                             f".parquet files")
     return paths
 
 

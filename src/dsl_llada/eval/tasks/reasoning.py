@@ -54,6 +54,10 @@ class ReasoningTask(SamplingTask):
 
                 gold = extract_math_gold(gold_authors) or ""
                 gold_authors = extract_math_gold(gold_authors, "authors")
+            elif kind == "gsm8k" and gf != "gold_answer":  # a solution ending in '#### N' (the official field)
+                from ..answers import gsm8k_gold
+
+                gold_authors = gsm8k_gold(gold_authors, "authors")
             out.append(Sample(row_id(ds, row, i, idf), i, template.replace("{text}", q), True,
                               {"gold": gold, "gold_authors": gold_authors, "kind": kind}))
         return check_usable(ds, out, len(rows), f"rows need a non-empty {qf!r} and {gf!r}")
