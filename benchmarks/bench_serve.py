@@ -45,7 +45,9 @@ from dsl_llada.loading import check_device, encode_prompt, load_model, load_toke
 from dsl_llada.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.serve.app import create_app
-from dsl_llada.serve.runner import model_device, run_sampler, seeded_generator
+from dsl_llada.backbones.base import model_device
+from dsl_llada.generation import run_sampler
+from dsl_llada.serve.runner import seeded_generator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -125,7 +127,7 @@ def reference_texts(model, tok, items, sampler: str, config) -> dict[tuple[str, 
     for prompt, seed in (x for client in items for x in client):
         batch = PromptBatch.from_lists([encode_prompt(tok, prompt)], pad_id=model.special.pad_id,
                                        device=model_device(model))
-        res = run_sampler(model, sampler, config, batch, [seeded_generator(seed)])
+        res = run_sampler(model, batch, config, generator=[seeded_generator(seed)])
         out[(prompt, seed)] = tok.decode(res.responses()[0], skip_special_tokens=True)
     return out
 
@@ -260,16 +262,14 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
 
     def library(seed: int) -> str:
         ids = encode_prompt(tok, prompt)
-        res = run_sampler(model, sampler, config,
-                          PromptBatch.from_lists([ids], pad_id=model.special.pad_id, device=device),
-                          [seeded_generator(seed)])
+        res = run_sampler(model, PromptBatch.from_lists([ids], pad_id=model.special.pad_id, device=device), config,
+                          generator=[seeded_generator(seed)])
         return tok.decode(res.responses()[0], skip_special_tokens=True)
 
     def sampler_alone(seed: int, rows: int) -> None:
         ids = encode_prompt(tok, prompt)
-        run_sampler(model, sampler, config,
-                    PromptBatch.from_lists([ids] * rows, pad_id=model.special.pad_id, device=device),
-                    [seeded_generator(seed + j) for j in range(rows)])
+        run_sampler(model, PromptBatch.from_lists([ids] * rows, pad_id=model.special.pad_id, device=device), config,
+                    generator=[seeded_generator(seed + j) for j in range(rows)])
         sync(str(device))  # the GPU's queued work is part of the sampler's time
 
     batched = Server(model, tok, max_batch=clients, timeout_s=timeout_s)
@@ -452,7 +452,7 @@ def main() -> int:
         path = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", d_model=a.d_model, n_layers=a.layers)
         model, tok = load_model(path, device=a.device), load_tokenizer(path)
         if not a.no_gc_freeze:
-            from dsl_llada.serve.serve_cli import freeze_startup_objects
+            from dsl_llada.serve.server import freeze_startup_objects
 
             freeze_startup_objects()  # as `dsl-llada serve` does once the model is loaded
         desc = (a.model_desc or f"`{path}`" if a.model else f"tiny random DSL model (LLaDA-shaped, d={a.d_model}, "

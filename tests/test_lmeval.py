@@ -160,7 +160,7 @@ def test_overlong_request_is_truncated_from_the_left_once(model_dirs, caplog, on
 
 def test_lm_eval_cli_errors(model_dirs, tmp_path, capsys):
     assert main(["lm-eval", "--model-dir", str(tmp_path / "none"), "--tasks", "x"]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     assert main(["lm-eval", "--model-dir", str(model_dirs / "backbone"), "--tasks", "x",
                  "--include-path", str(tmp_path / "no-tasks")]) == 2
     assert "--include-path" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from dsl_llada.cli import build_parser, main
 from dsl_llada.config import SDEConfig
 from dsl_llada.converter import posterior_mean
 from dsl_llada.model import DSLModel, cast_for_inference
+from dsl_llada.model_source import model_source_from_args
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.denoiser import Denoiser
 from helpers import perturb_converter, tiny_dsl, toy_backbone_folder
@@ -41,7 +42,8 @@ def test_resolve_dtype_names_the_bad_value_and_the_choices():
 
 def test_dtype_defaults_of_the_commands():
     sub = build_parser()._subparsers._group_actions[0].choices
-    assert sub["generate"].get_default("dtype") == "auto"
+    for argv in (["generate", "--model", "m"], ["serve", "--model", "m"], ["lm-eval", "--model", "m", "--tasks", "t"]):
+        assert model_source_from_args(build_parser().parse_args(argv)).dtype == "auto"  # ModelSource's default
     assert sub["demo"].get_default("dtype") == "float32"  # the documented toy tables are fp32
     assert "auto" in sub["generate"].format_help() and "native bf16" in sub["generate"].format_help()
     for name in ("float32", "bfloat16", "auto"):
@@ -70,8 +72,12 @@ def test_generate_loads_and_records_the_resolved_dtype(backbone_dir, tmp_path, m
 
 
 def test_generate_refuses_an_unknown_dtype(capsys):
-    assert main(["generate", "--model", "m", "--prompt", "x", "--dtype", "fp8"]) == 2
-    assert "dtype='fp8' is not valid" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "m", "--prompt", "x", "--dtype", "fp8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--dtype: invalid choice: 'fp8' (choose from " in err  # the quoting of the choices varies by Python
+    assert all(name in err.split("choose from ")[1] for name in ("auto", "bfloat16", "float16", "float32"))
 
 
 def test_to_compute_dtype_keeps_the_fp32_islands():

@@ -174,7 +174,7 @@ def test_after_a_batch_the_worker_lingers_for_its_clients(monkeypatch, linger):
 def test_serve_freezes_the_startup_objects_out_of_the_collector():
     import gc
 
-    from dsl_llada.serve.serve_cli import freeze_startup_objects
+    from dsl_llada.serve.server import freeze_startup_objects
 
     gc.unfreeze()
     assert gc.get_freeze_count() == 0

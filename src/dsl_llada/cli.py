@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -64,135 +63,17 @@ def _sampler_config(a: argparse.Namespace) -> SamplerConfig:
         raise SamplerSettingError(f"{flag_name(e.field)}: {e}" if e.field else str(e), e.field) from None
 
 
-def _generate_settings(a: argparse.Namespace, config: SamplerConfig, prompts: list[str], dtype: str,
-                       device: str) -> dict[str, Any]:
-    """What decides the records of `generate` (stored as OUTPUT.config.json; a resumed run must match it)."""
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
-    return {"model": str(Path(a.model).resolve()), "tokenizer": str(Path(a.tokenizer or a.model).resolve()),
-            "sampler": config.sampler_name,
-            "config": config.to_dict(), "seed": a.seed, "chat_template": not a.no_chat_template,
-            "dtype": dtype, "device": device.split(":")[0], "prompts": {"count": len(prompts), "sha256": digest},
-            # recorded only when set, so outputs written before these flags existed still resume
-            **({"allow_special_tokens": True} if a.allow_special_tokens else {}),
-            **({"assume_released": True} if a.assume_released else {}),
-            **({"quantize": a.quantize} if a.quantize != "none" else {})}
-
-
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .loading import check_device, check_prompt_texts, default_device, read_prompts, resolve_dtype
-    from .records import RecordFile
+    """Parse the flags into GenerateSettings and run the library's `run_generate`."""
+    from .generate_command import GenerateSettings, run_generate
+    from .model_source import model_source_from_args
 
-    config = _sampler_config(a)
-    if not (0.0 <= a.max_error_rate <= 1.0):  # NaN fails too
-        raise ValueError(f"--max-error-rate {a.max_error_rate!r} must be a fraction in [0, 1] (0 = every prompt "
-                         f"must succeed)")
-    prompts = list(a.prompt or [])
-    if a.prompts_file:
-        prompts += read_prompts(a.prompts_file, a.prompt_field)
-    if not prompts:
-        raise ValueError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE (.jsonl, .json or .txt)")
-    check_prompt_texts(prompts)
-    if a.resume and not a.output:
-        raise ValueError("--resume needs --output FILE (the records file to continue)")
-    from .backbones import resolve_model_path
-
-    device = check_device(a.device or default_device())
-    if not 0 <= a.seed <= 2**63 - 1 - len(prompts):  # prompt i uses seed + i, a signed 64-bit generator seed
-        raise ValueError(f"--seed {a.seed} is out of range: it must be in [0, {2**63 - 1 - len(prompts)}] "
-                         f"(prompt i uses seed + i, a 64-bit generator seed)")
-    dtype = str(resolve_dtype(a.dtype, device)).removeprefix("torch.")
-    a.model = str(resolve_model_path(a.model, allow_download=a.allow_download))
-    out = None
-    if a.output:  # locked and checked before the model is loaded: nothing is written yet
-        from .environment import environment_record
-
-        # an output written before a sampler field existed resumes while that field is at its default
-        out = RecordFile.open(a.output, _generate_settings(a, config, prompts, dtype, device), overwrite=a.overwrite,
-                              defaults={"config": type(config)().to_dict()},
-                              protect=(a.prompts_file,),
-                              environment=environment_record(device=device, dtype=dtype, seeds={"seed": a.seed,
-                                                                                              "prompt_i": "seed + i"}))
-    try:
-        return _run_generate(a, config, prompts, dtype, device, out)
-    finally:
-        if out is not None:
-            out.close()
-
-
-def _run_generate(a: argparse.Namespace, config: SamplerConfig, prompts: list[str], dtype: str, device: str,
-                  out: Any) -> int:
-    from .generation import NonFiniteLogitsError, generate
-    from .loading import check_prompt_chars, check_prompt_lengths, context_limit, encode_prompt, load_model, \
-        load_tokenizer, parse_dtype
-
-    model = load_model(a.model, dtype=parse_dtype(dtype), device=device, assume_released=a.assume_released)
-    if a.quantize != "none":
-        from .quantize import quantize_backbone
-
-        quantize_backbone(model, a.quantize)
-    tok = load_tokenizer(a.tokenizer or a.model, chat_template=not a.no_chat_template)
-    check_prompt_chars(prompts, tok, context=context_limit(model), gen_length=config.gen_length)
-    encoded = [encode_prompt(tok, p, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens)
-               for p in prompts]
-    check_prompt_lengths(encoded, context=context_limit(model), gen_length=config.gen_length)
-
-    def show(batch: list[dict[str, Any]]) -> None:
-        if out is not None:
-            out.append(batch)
-        for r in batch:
-            print(json.dumps({"index": r["index"], **({"error": r["error"]} if "error" in r else {"response": r["response"]})},
-                             ensure_ascii=False), flush=True)
-
-    skip: set[int] = set()
-    if out is not None:
-        out.begin()
-        skip = out.finished
-        retry = len(out.done) - len(skip)
-        if out.done:
-            print(f"resuming {a.output}: {len(skip)} of {len(prompts)} prompts already done"
-                  + (f"; retrying {retry} that failed before" if retry else ""), file=sys.stderr)
-    try:
-        records = generate(model, tok, prompts, config, batch_size=a.batch_size, seed=a.seed,
-                           chat_template=not a.no_chat_template, progress=not a.quiet, encoded=encoded,
-                           skip=skip, on_batch=show)
-    except KeyboardInterrupt:
-        if out is not None:
-            out.close()
-            print(f"interrupted; {len(out.finished)} of {len(prompts)} records are saved in {a.output} (every "
-                  f"finished batch); run the same command again to continue", file=sys.stderr)
-        else:
-            print("interrupted; without --output nothing was saved (the records printed above are all there is)",
-                  file=sys.stderr)
-        return 130
-    except NonFiniteLogitsError as e:
-        raise ValueError(f"model {a.model!r}: non-finite numbers: {e}; check its model.safetensors (re-convert, or "
-                         f"use an earlier checkpoint)") from None
-    if out is not None:
-        out.finish(len(prompts))
-        final = [out.done[i] for i in range(len(prompts))]
-    else:
-        final = records
-    return _generate_summary(final, len(prompts), a.max_error_rate, a.output)
-
-
-def _generate_summary(records: list[dict[str, Any]], n: int, max_error_rate: float, output: str | None) -> int:
-    """One summary line on stderr; exit 1 when the share of failed prompts exceeds --max-error-rate."""
-    failed = [r for r in records if "error" in r]
-    where = f" in {output}" if output else ""
-    if not failed:
-        print(f"done: {n} of {n} prompts generated{where}", file=sys.stderr)
-        return 0
-    first = failed[0]
-    print(f"done: {n - len(failed)} of {n} prompts generated, {len(failed)} failed{where} (their records carry an "
-          f"'error' field; first: prompt {first['index']}: {first['error']}); rerun the same command to retry them",
-          file=sys.stderr)
-    if len(failed) > max_error_rate * n:
-        print(f"error: {len(failed)} of {n} prompts failed ({len(failed) / n:.1%}), more than --max-error-rate "
-              f"{max_error_rate:g} allows", file=sys.stderr)
-        return 1
-    return 0
+    settings = GenerateSettings(
+        source=model_source_from_args(a), config=_sampler_config(a), prompts=tuple(a.prompt or ()),
+        prompts_file=a.prompts_file, prompt_field=a.prompt_field, seed=a.seed, batch_size=a.batch_size,
+        chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens, output=a.output,
+        resume=a.resume, overwrite=a.overwrite, max_error_rate=a.max_error_rate, progress=not a.quiet)
+    return run_generate(settings)
 
 
 def _convert_config(a: argparse.Namespace) -> DSLConfig:
@@ -298,16 +179,12 @@ def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = C
                 add_threads_args(sp, names, prefix=f"{full} ")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
-    p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_generate_parser(sub: Any) -> None:
+    """`generate`: the model flags (ModelSource), prompts, output and the sampler flags."""
+    from .model_source import add_model_source_args
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
-    g.add_argument("--model", required=True, help="checkpoint folder (DSL or backbone), or a hub id with --allow-download")
-    g.add_argument("--allow-download", action="store_true", help="allow fetching --model from the Hugging Face hub")
-    g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
+    add_model_source_args(g)
     g.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     g.add_argument("--prompts-file", default=None, help="JSONL file with one prompt per line (or .txt)")
     g.add_argument("--prompt-field", default="prompt", help="JSONL field holding the prompt (default 'prompt')")
@@ -315,9 +192,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--allow-special-tokens", action="store_true",
                    help="let special-token spellings in prompts (e.g. <|mask|>, <|endoftext|>) become control tokens "
                         "(default: they are encoded as the text they are)")
-    g.add_argument("--assume-released", action="store_true",
-                   help="a DSL checkpoint without dsl_config.json is the released DSL-LLaDA layout (settings "
-                        "inferred); without it such a checkpoint is refused")
     g.add_argument("--batch-size", type=int, default=8)
     g.add_argument("--seed", type=int, default=42, help="prompt i uses seed + i")
     g.add_argument("--output", default=None,
@@ -328,12 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue --output, skipping prompts already done (the default when it exists with the "
                          "same settings; refused when the settings differ)")
     gx.add_argument("--overwrite", action="store_true", help="replace an existing --output instead of resuming it")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a CPU with "
-                   "native bf16 (AMX / AVX512-BF16), else fp32; the converter softmax, posterior and SDE state stay fp32)")
-    g.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: weight-only int8 backbone linear layers via torchao (about half a bf16 backbone's "
-                        "weight memory; measured quality cost in docs/benchmarks.md; needs dsl-llada[quantize])")
     g.add_argument("--max-error-rate", type=float, default=0.0, metavar="FRACTION",
                    help="exit 0 even though up to this fraction of the prompts failed (default 0: any failed prompt "
                         "makes the exit code 1; failed prompts are retried by the next run)")
@@ -341,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(g)
     g.set_defaults(func=cmd_generate)
 
+
+def _add_convert_parser(sub: Any) -> None:
+    """`convert`: a backbone folder to a fresh DSL checkpoint."""
     c = sub.add_parser("convert", help="make a fresh DSL checkpoint from a backbone folder")
     c.add_argument("backbone", help="backbone checkpoint folder (e.g. LLaDA-8B-Instruct)")
     c.add_argument("output", nargs="?", default=None,
@@ -355,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_args(c)
     c.set_defaults(func=cmd_convert)
 
+
+def _add_demo_parser(sub: Any) -> None:
+    """`demo`: the toy world end to end (and its sweep / cache frontier)."""
     d = sub.add_parser("demo", help="the whole pipeline on the embedded toy world (CPU, minutes)")
     d.add_argument("--quick", action="store_true", help="a ~2-minute version")
     d.add_argument("--out", default="dsl-llada-demo", help="report folder (default ./dsl-llada-demo)")
@@ -382,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep: N open-ended + N/2 summarisation prompts (default 96; 8 with --quick)")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsl-llada", description="DSL-LLaDA: continuous-noise adaptation of masked diffusion LMs")
+    p.add_argument("--version", action="version", version=f"dsl-llada {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_generate_parser(sub)
+    _add_convert_parser(sub)
+    _add_demo_parser(sub)
 
     try:
         from .train.train_cli import add_train_parser

@@ -61,16 +61,20 @@ def _fmt(value: Any) -> str:
 
 def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *configs: tuple[type, str],
                     exclude: Iterable[str] = (), negative_aliases: Mapping[str, str] | None = None,
-                    aliases: Mapping[str, str] | None = None) -> None:
+                    aliases: Mapping[str, str] | None = None, flags: Mapping[str, str] | None = None,
+                    required: Iterable[str] = (), helps: Mapping[str, str] | None = None,
+                    metavars: Mapping[str, str] | None = None) -> None:
     """Add one flag per field of each `(config class, label)`; a field shared by several classes is one flag whose
     help names each class's label (e.g. 'sde: ...; remask: ...' when their docstrings differ).
 
     exclude: field names that get no flag (set by the caller instead). negative_aliases: extra spellings that set a
     boolean field to False (e.g. {'truncate_at_eos': '--no-truncate'}), kept for existing command lines. aliases:
-    a second spelling of a field's flag (e.g. {'noise_seed': '--seed'}). Hand-written options can be added to the
-    same parser before or after; they only must not reuse a field's flag.
+    a second spelling of a field's flag (e.g. {'noise_seed': '--seed'}). flags: a field's flag when it is not its
+    own name (e.g. {'path': '--model'}). required: fields whose flag must be given (no default shown). helps: a
+    field's whole help text instead of its docstring and default. metavars: a field's value name in the help.
+    Hand-written options can be added to the same parser before or after; they only must not reuse a field's flag.
     """
-    skip = set(exclude)
+    skip, must = set(exclude), set(required)
     merged: dict[str, list[tuple[str, Any, str, Any]]] = {}  # field -> [(label, type, doc, default)]
     for cls, label in configs:
         hints = typing.get_type_hints(cls)
@@ -97,12 +101,17 @@ def add_config_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         labels = sorted({lbl for lbl, *_ in entries}, key=[lbl for _, lbl in configs].index)
         if len(labels) < len(configs):
             help_text = f"[{', '.join(labels)}] {help_text}"
-        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        spellings = [_flag(name), *([aliases[name]] if aliases and name in aliases else [])]
+        if name in must:
+            help_text = help_text.rsplit(" (default: ", 1)[0]
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
+                              "help": helps[name] if helps and name in helps else help_text}
+        if name in must:
+            kw["required"] = True
+        spellings = [(flags or {}).get(name, _flag(name)), *([aliases[name]] if aliases and name in aliases else [])]
         if scalar is bool:
             parser.add_argument(*spellings, action=argparse.BooleanOptionalAction, **kw)
         else:
-            metavar = None if choices else scalar.__name__.upper()
+            metavar = None if choices else (metavars or {}).get(name, scalar.__name__.upper())
             parser.add_argument(*spellings, type=scalar, choices=choices, metavar=metavar, **kw)
         alias = (negative_aliases or {}).get(name)
         if alias:

@@ -18,7 +18,7 @@ from .backbones.base import Backbone
 from .loading import check_prompt_texts, encode_prompt
 from .model import DSLModel
 from .sampling.batches import RowResult, run_batches
-from .sampling.common import PromptBatch, SampleOutput
+from .sampling.common import PromptBatch, SampleOutput, StepCallback
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .sampling.guards import NonFiniteLogitsError
 from .utils import atomic_write_text
@@ -29,21 +29,23 @@ __all__ = ["SAMPLERS", "NonFiniteLogitsError", "generate", "run_sampler", "write
 
 
 def run_sampler(model: DSLModel | Backbone, prompts: PromptBatch, config: SamplerConfig, *,
-                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False) -> SampleOutput:
-    """Run one batch through the sampler that the config names."""
-    return sample(model, prompts, config, generator=generator, progress=progress)
+                generator: torch.Generator | Sequence[torch.Generator] | None = None, progress: bool = False,
+                callback: StepCallback | None = None) -> SampleOutput:
+    """Run one batch through the sampler that the config names (`callback(StepInfo)` after every step)."""
+    return sample(model, prompts, config, generator=generator, progress=progress, callback=callback)
 
 
 def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str], config: SamplerConfig, *,
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
-             encoded: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
+             encoded: Sequence[Sequence[int]] | None = None, check_context: bool = True) -> list[dict[str, Any]]:
     """Generate one response per prompt through the batch runner (`sampling.batches.run_batches`). Prompt i uses
     its own generator seeded `seed + i`, so results do not depend on the batch size or on the other prompts of its
     batch.
 
-    Every prompt is validated before any sampling (non-empty, fits the context). Batches follow the fixed grid
+    Every prompt is validated before any sampling (non-empty, and it fits the context unless the caller checked that
+    already: `check_context=False`). Batches follow the fixed grid
     [0, batch_size), [batch_size, 2 batch_size), ...; prompts in `skip` (already done) are left out. `on_batch`
     receives each finished batch's records (in index order) before the next batch starts. A batch that raises a
     runtime error (not a ValueError, which means bad setup and stops the run) is retried prompt by prompt, and a
@@ -69,7 +71,7 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
 
     records: list[dict[str, Any]] = []
     for rows in run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i,
-                            skip=set(skip), progress=progress, desc=f"generate ({name})"):
+                            skip=set(skip), progress=progress, desc=f"generate ({name})", check_context=check_context):
         batch_records = [record(r) for r in rows]
         if on_batch is not None:
             on_batch(batch_records)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import secrets
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -18,21 +19,23 @@ from typing import Any, BinaryIO, cast
 import torch
 
 from .backbones import load_backbone
-from .backbones.base import Backbone, CheckpointError
+from .backbones.base import Backbone, CheckpointError, SpecialTokens, context_limit
 from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
 from .model import DSLModel
+from .model_source import DTYPE_NAMES, ModelSource
 from .utils import not_text
 
-__all__ = ["DTYPES", "DTYPE_CHOICES", "auto_dtype", "check_device", "check_tokenizer_files", "check_prompt_lengths",
-           "check_prompt_texts", "context_limit", "default_device", "encode_messages", "encode_prompt", "load_model",
-           "load_tokenizer", "parse_dtype", "read_prompts", "resolve_dtype", "special_spellings"]
+__all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
+           "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",
+           "default_device", "encode_messages", "encode_prompt", "is_dsl_checkpoint", "load_model", "load_tokenizer",
+           "open_model", "parse_dtype", "read_prompts", "resolve_dtype", "resolve_source", "special_spellings"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
 
-DTYPE_CHOICES = ("auto", *sorted(DTYPES))
+DTYPE_CHOICES = DTYPE_NAMES
 """What a `--dtype` option accepts: 'auto' (`auto_dtype`) or an explicit name."""
 
 
@@ -88,13 +91,19 @@ def check_device(name: str | torch.device) -> str:
     raise ValueError(f"--device {str(name)!r} is not available here; expected cpu or cuda (default: {default_device()})")
 
 
+def is_dsl_checkpoint(path: str | Path) -> bool:
+    """Whether a model folder holds a DSL checkpoint (it has the noise embedding, `noise_embed.weight`), read from
+    its weight files' headers; anything else is a bare backbone."""
+    return "noise_embed.weight" in checkpoint_files(path)
+
+
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                assume_released: bool = False) -> DSLModel | Backbone:
-    """A DSL checkpoint (has `noise_embed.weight`) loads as DSLModel; anything else as a bare backbone.
-    `assume_released`: a DSL checkpoint without dsl_config.json is the released layout (else refused)."""
+    """A DSL checkpoint (`is_dsl_checkpoint`) loads as DSLModel; anything else as a bare backbone.
+    `assume_released`: a DSL checkpoint without dsl_config.json is the released layout (else refused).
+    Commands open models with `open_model` (this plus the tokenizer, device, dtype and checks)."""
     check_device(device)
-    names = set(checkpoint_files(path))
-    if "noise_embed.weight" in names:
+    if is_dsl_checkpoint(path):
         return DSLModel.from_pretrained(path, dtype=dtype, device=device, assume_released=assume_released).eval()
     return load_backbone(path, dtype=dtype, device=device).eval()
 
@@ -160,6 +169,77 @@ def load_tokenizer(path: str | Path, *, chat_template: bool = True) -> Any:
     if chat_template:
         _check_chat_template(tok, path)
     return tok
+
+
+def check_vocabulary(tokenizer: Any, model: DSLModel | Backbone, *, tokenizer_path: str | Path,
+                     model_path: str | Path) -> None:
+    """Refuse a tokenizer that can produce ids the model does not have (more tokens, added ones included, than the
+    model's vocabulary): such an id would be read as another token, or fail deep inside the model. A tokenizer
+    with fewer tokens is normal (models pad their embedding table)."""
+    n, vocab = len(tokenizer), int(model.vocab_size)
+    if n > vocab:
+        ids = f"id {vocab}" if n == vocab + 1 else f"ids {vocab}..{n - 1}"
+        raise CheckpointError(f"the tokenizer in {str(tokenizer_path)!r} has {n} tokens but the model in "
+                              f"{str(model_path)!r} has a vocabulary of {vocab}: its {ids} would reach the model as "
+                              f"tokens it does not have; use the model's own tokenizer (--tokenizer)")
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """A loaded model with everything a command needs next to it (`open_model`)."""
+
+    source: ModelSource
+    """What was opened, resolved: the local folder, the device checked, the dtype's name."""
+    model: DSLModel | Backbone
+    tokenizer: Any
+    special: SpecialTokens
+    """The model's special token ids (mask, EOS, padding, ...)."""
+    context: int | None
+    """Longest prompt + response the model accepts (None: unbounded)."""
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def path(self) -> Path:
+        """The model's local folder."""
+        return Path(cast(str, self.source.path))
+
+
+def resolve_source(source: ModelSource) -> ModelSource:
+    """`source` with what can be checked before loading settled: the device (it exists here), the dtype ('auto'
+    resolved to a name) and the model folder (a hub id downloaded only with `allow_download`). Idempotent."""
+    from .backbones import resolve_model_path
+
+    if source.path is None:
+        raise ValueError("no model: pass --model FOLDER (a DSL checkpoint or a backbone folder)")
+    device = check_device(source.device or default_device())
+    dtype = str(resolve_dtype(source.dtype, device)).removeprefix("torch.")
+    path = str(resolve_model_path(source.path, allow_download=source.allow_download))
+    return source.replace(path=path, device=device, dtype=dtype)
+
+
+def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandle:
+    """Open a model as every command does: resolve the source (`resolve_source`), set the thread count when given,
+    read and check the tokenizer (its chat template rendered once when `chat_template`), load the model (a DSL
+    checkpoint, the released layout only with `assume_released`, or a bare backbone), quantize it when asked, and
+    refuse a tokenizer with ids the model lacks (`check_vocabulary`)."""
+    source = resolve_source(source)
+    if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
+        from .environment import set_threads
+
+        set_threads(source.threads)
+    path = cast(str, source.path)
+    tokenizer_path = source.tokenizer or path
+    tokenizer = load_tokenizer(tokenizer_path, chat_template=chat_template)
+    dtype = parse_dtype(source.dtype)
+    model = load_model(path, dtype=dtype, device=cast(str, source.device), assume_released=source.assume_released)
+    if source.quantize != "none":
+        from .quantize import quantize_backbone
+
+        quantize_backbone(model, source.quantize)
+    check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
+    return ModelHandle(source=source, model=model, tokenizer=tokenizer, special=model.special,
+                       context=context_limit(model), device=torch.device(cast(str, source.device)), dtype=dtype)
 
 
 def special_spellings(tokenizer: Any) -> list[str]:
@@ -247,12 +327,6 @@ def encode_prompt(tokenizer: Any, text: str, *, chat_template: bool = True, allo
     return encode_messages(tokenizer, [{"role": "user", "content": text}], chat_template=chat_template,
                            allow_special_tokens=allow_special_tokens)
 
-
-
-def context_limit(model: DSLModel | Backbone) -> int | None:
-    """Longest sequence (prompt + response) the model accepts; None when unbounded/unknown."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
-    return getattr(backbone, "max_length", None)
 
 
 def check_prompt_texts(prompts: Sequence[str]) -> None:

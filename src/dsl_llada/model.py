@@ -194,13 +194,8 @@ class DSLModel(nn.Module):
         if "noise_embed.weight" not in names:
             raise CheckpointError(f"{folder} has no 'noise_embed.weight': it is not a DSL checkpoint "
                                   f"(use `dsl-llada convert` to make one from a backbone)")
+        check_released_opt_in(folder, assume_released)
         cfg_path = folder / DSL_CONFIG_NAME
-        if not cfg_path.exists() and not assume_released:
-            raise CheckpointError(f"{str(folder)!r} is a DSL checkpoint without {DSL_CONFIG_NAME}: its converter "
-                                  f"settings cannot be read, and guessing them changes the output; restore its "
-                                  f"{DSL_CONFIG_NAME}, or pass --assume-released (assume_released=True) if it is a "
-                                  f"released DSL-LLaDA checkpoint (settings inferred: context_embedding='wte', "
-                                  f"frozen noise embedding)")
         config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
             infer_released_config(folder, names)
         backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
@@ -232,6 +227,20 @@ def cast_for_inference(model: DSLModel | Backbone, dtype: torch.dtype) -> DSLMod
     """A trained model in the paper's precision recipe for `dtype` (DSL models keep E, the logit bias and beta in
     fp32, `DSLModel.to_compute_dtype`; a bare backbone is cast whole)."""
     return model.to_compute_dtype(dtype) if isinstance(model, DSLModel) else model.to(dtype)
+
+
+def check_released_opt_in(folder: str | Path, assume_released: bool) -> None:
+    """Refuse a DSL checkpoint without dsl_config.json (the released DSL-LLaDA layout) unless `assume_released`:
+    its converter settings would be guessed, and a wrong guess changes the output. The one message every entry
+    point gives, naming the opt-in as each spells it."""
+    if assume_released or (Path(folder) / DSL_CONFIG_NAME).exists():
+        return
+    raise CheckpointError(f"{str(folder)!r} is a DSL checkpoint without {DSL_CONFIG_NAME}: its converter settings "
+                          f"cannot be read, and guessing them changes the output; restore its {DSL_CONFIG_NAME}, or, "
+                          f"if it is a released DSL-LLaDA checkpoint (settings inferred: context_embedding='wte', "
+                          f"frozen noise embedding), opt in with assume_released: --assume-released on the command "
+                          f"line, 'assume_released: true' in an evaluation's model entry, assume_released=true in "
+                          f"lm-eval's model_args, assume_released=True in ModelSource")
 
 
 def infer_released_config(folder: Path, names: set[str]) -> DSLConfig:

@@ -23,7 +23,8 @@ from torch import nn
 from ..config import ConfigBase
 from ..errors import CheckpointError
 
-__all__ = ["Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens", "padding_to_additive_mask"]
+__all__ = ["Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens", "context_limit", "model_device",
+           "padding_to_additive_mask"]
 
 Positions = Union[slice, torch.Tensor, None]
 """Which sequence positions' logits a forward returns: None = all; a `slice` (contiguous, the cheapest: a view);
@@ -196,3 +197,22 @@ def padding_to_additive_mask(attention_mask: torch.Tensor | None, dtype: torch.d
     neg = torch.finfo(dtype).min
     add = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, neg)
     return add[:, None, None, :]
+
+
+def context_limit(model: Any) -> int | None:
+    """Longest sequence (prompt + response) a model accepts: `max_length` of its backbone (a DSL model's
+    `.backbone`, or the model itself when it is a backbone); None when unbounded or unknown."""
+    for obj in (getattr(model, "backbone", None), model):
+        if obj is not None and hasattr(obj, "max_length"):
+            limit: int | None = obj.max_length
+            return limit
+    return None
+
+
+def model_device(model: Any, fallback: torch.device | str = "cpu") -> torch.device:
+    """The device of a model's first parameter (`fallback` for an object without parameters)."""
+    if isinstance(model, nn.Module):
+        p = next(model.parameters(), None)
+        if p is not None:
+            return p.device
+    return torch.device(fallback)

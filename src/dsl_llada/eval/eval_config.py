@@ -17,9 +17,10 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ..config import BLOCK_SDE, ConfigBase, ConfigError, _check, read_config_file  # one validation helper
+from ..model_source import DTypeName, ModelSource
 from ..overrides import apply_overrides
 from ..utils import atomic_write_text
 
@@ -51,17 +52,38 @@ class ModelSpec(ConfigBase):
     dtype: str | None = None
     """'float32' / 'bfloat16' / 'float16'; None or 'auto' = `loading.auto_dtype` (bf16 on CUDA and on a CPU with
     native bf16, else fp32)."""
+    quantize: Literal["none", "int8"] = "none"
+    """diffusion only: as ModelSource.quantize ('int8': weight-only int8 backbone linear layers)."""
+    assume_released: bool = False
+    """diffusion only: as ModelSource.assume_released (a DSL checkpoint without dsl_config.json is the released
+    DSL-LLaDA layout; without it such a checkpoint is refused)."""
 
     def __post_init__(self) -> None:
         _name_ok(self.name, "model")
         _check(isinstance(self.path, str) and self.path != "", f"model {self.name!r}: path must be a folder, got {self.path!r}")
         _check(self.kind in MODEL_KINDS, f"model {self.name!r}: kind={self.kind!r} is not valid; expected one of {list(MODEL_KINDS)}")
         _check(self.gguf_file is None or self.kind == "causal-lm", f"model {self.name!r}: gguf_file needs kind 'causal-lm'")
-        if self.dtype is not None:
-            from ..loading import DTYPE_CHOICES
+        _check(self.kind == "diffusion" or (self.quantize == "none" and not self.assume_released),
+               f"model {self.name!r}: quantize and assume_released apply to kind 'diffusion' only")
+        try:
+            self.source()  # the ModelSource checks (dtype, quantize, assume_released), named after this entry
+        except ConfigError as e:
+            raise ConfigError(f"model {self.name!r}: {e}") from None
 
-            _check(self.dtype in DTYPE_CHOICES, f"model {self.name!r}: dtype={self.dtype!r} is not valid; expected one of "
-                                                f"{list(DTYPE_CHOICES)}")
+    def source(self, device: str | None = None) -> ModelSource:
+        """How `loading.open_model` opens this entry (diffusion models)."""
+        return ModelSource(path=self.path, tokenizer=self.tokenizer, device=device,
+                           dtype=cast(DTypeName, self.dtype or "auto"), quantize=self.quantize,
+                           assume_released=self.assume_released)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored in a run's eval_run.json; `quantize` and `assume_released` only when set, so runs stored before
+        they existed still resume."""
+        out = super().to_dict()
+        for key, default in (("quantize", "none"), ("assume_released", False)):
+            if out[key] == default:
+                del out[key]
+        return out
 
 
 @dataclass(frozen=True)

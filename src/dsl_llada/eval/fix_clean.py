@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..backbones.base import model_device
 from . import metrics as M
 
 __all__ = ["PATHS", "CorrectionCase", "aggregate_fix_clean", "align_pair", "case_logits", "fix_clean_records",
@@ -292,10 +293,7 @@ def predict_ids(model: Any, seqs: Sequence[Sequence[int]], case_ids: Sequence[An
     _check_path(model, path, gamma)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    try:
-        device = next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        device = torch.device("cpu")
+    device = model_device(model)
     pad = getattr(getattr(model, "special", None), "pad", None)
     pad = pad if isinstance(pad, int) else 0
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))

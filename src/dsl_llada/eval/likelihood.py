@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backbones.base import model_device
+
 
 @dataclass(frozen=True)
 class LikelihoodRequest:
@@ -92,7 +94,7 @@ def mc_loglikelihood(model, requests: Sequence[LikelihoodRequest], *, mc_samples
     if mc_samples < 1 or batch_size < 1:
         raise ValueError(f"mc_samples={mc_samples} and batch_size={batch_size} must be >= 1")
     special = model.special
-    device = next(model.parameters()).device
+    device = model_device(model)
     rows, owner, weight = [], [], []
     for i, req in enumerate(requests):
         T = len(req.target)
@@ -120,7 +122,7 @@ def exact_bound(model, request: LikelihoodRequest) -> float:
     if T > 12:
         raise ValueError(f"exact enumeration needs 2^T forwards; T={T} is too long (at most 12)")
     special = model.special
-    device = next(model.parameters()).device
+    device = model_device(model)
     total = 0.0
     for n_masked in range(1, T + 1):
         subsets = list(itertools.combinations(range(T), n_masked))
@@ -142,7 +144,7 @@ def greedy_match(model, requests: Sequence[LikelihoodRequest], *, batch_size: in
     """Whether the continuation is the argmax at every target position when the whole target is masked (exact
     for one-token targets; for longer ones this single-pass check is an approximation of greedy decoding)."""
     special = model.special
-    device = next(model.parameters()).device
+    device = model_device(model)
     out = []
     for start in range(0, len(requests), batch_size):
         chunk = requests[start:start + batch_size]

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 
-from ..loading import encode_prompt, load_model, load_tokenizer, resolve_dtype
+from ..loading import encode_prompt, open_model
+from ..model_source import ModelSource
 from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows
@@ -37,6 +37,15 @@ def sampler_settings(sampler: str, **fields: Any) -> SamplerConfig:
     return sampler_config(sampler, fields, text=True)
 
 
+def _flag(name: str, value: bool | str) -> bool:
+    """A boolean model_arg: a bool, or the text true/false (any case)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    raise ValueError(f"model_args {name}={value!r} must be true or false")
+
+
 @register_model("dsl-llada")
 class DSLLadaLM(LM):
     """A DSL checkpoint or a masked-diffusion backbone folder as an lm-eval model."""
@@ -44,18 +53,21 @@ class DSLLadaLM(LM):
     def __init__(self, model_dir: str, tokenizer: str | None = None, sampler: str = "sde", batch_size: int | str = 8,
                  mc_samples: int = 128, mc_batch_size: int = 32, seed: int = 42, device: str = "cpu",
                  dtype: str | None = None, chat_template: bool | str = True, max_length: int | None = None,
-                 rolling_context: int | None = None, **sampler_fields: Any):
+                 rolling_context: int | None = None, quantize: str = "none", assume_released: bool | str = False,
+                 **sampler_fields: Any):
         super().__init__()
-        self.model = load_model(model_dir, dtype=resolve_dtype(dtype, device), device=device)
-        self.tok = load_tokenizer(tokenizer or model_dir)
         self.config = sampler_settings(sampler, **sampler_fields)
+        source = ModelSource.from_dict({"path": model_dir, "tokenizer": tokenizer, "device": device,
+                                        "dtype": dtype or "auto", "quantize": quantize,
+                                        "assume_released": _flag("assume_released", assume_released)})
+        handle = open_model(source)
+        self.model, self.tok = handle.model, handle.tokenizer
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
         self.mc_samples, self.mc_batch_size, self.seed = int(mc_samples), int(mc_batch_size), int(seed)
-        self.chat_template = chat_template if isinstance(chat_template, bool) else chat_template.lower() == "true"
-        bb = getattr(self.model, "backbone", self.model)
-        self.max_length = int(max_length or bb.max_length or 4096)
+        self.chat_template = _flag("chat_template", chat_template)
+        self.max_length = int(max_length or handle.context or 4096)
         self.rolling_context = int(rolling_context) if rolling_context is not None else self.max_length // 2
-        self._device = torch.device(device)
+        self._device = handle.device
         self._warned = False
         self._rank, self._world_size, self._state = 0, 1, None
         try:
@@ -81,7 +93,8 @@ class DSLLadaLM(LM):
         if "model_dir" not in kw:
             raise ValueError("model_args needs model_dir=FOLDER")
         ints = ("mc_samples", "mc_batch_size", "seed", "max_length", "rolling_context")
-        return cls(**{k: int(v) if k in ints else v for k, v in kw.items()})
+        args: dict[str, Any] = {k: int(v) if k in ints else v for k, v in kw.items()}
+        return cls(**args)
 
     # -- distributed hooks used by lm-eval's evaluator ----------------------------------------------------------
     def all_gather(self, tensor):
@@ -166,10 +179,10 @@ class DSLLadaLM(LM):
         for rows in run_batches(self.model, prompts, self.config, batch_size=self.batch_size, retry=False,
                                 seed_of=lambda i: self.seed + i):
             for row in rows:
-                r, ids = requests[row.index], row.response
+                r, response = requests[row.index], row.response or []
                 kw = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
                 max_toks = kw.get("max_gen_toks")
-                text = self.tok.decode(ids[:max_toks] if max_toks else ids, skip_special_tokens=True)
+                text = self.tok.decode(response[:max_toks] if max_toks else response, skip_special_tokens=True)
                 until = kw.get("until") or []
                 for stop in [until] if isinstance(until, str) else until:
                     if stop and stop in text:

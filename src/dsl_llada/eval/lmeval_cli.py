@@ -8,13 +8,13 @@ from pathlib import Path
 
 
 def add_lmeval_parser(sub) -> argparse.ArgumentParser:
+    from ..model_source import add_model_source_args
     from ..sampling.registry import SAMPLERS, sampler_help
 
     p = sub.add_parser("lm-eval", help="run lm-evaluation-harness tasks through this project's samplers",
                        description="Runs lm-eval's simple_evaluate with the 'dsl-llada' model. Multi-GPU: "
                                    "accelerate launch -m dsl_llada lm-eval …")
-    p.add_argument("--model-dir", required=True, help="DSL checkpoint or masked-diffusion backbone folder")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
+    add_model_source_args(p, aliases={"path": "--model-dir"})
     p.add_argument("--tasks", required=True, help="comma-separated task names")
     p.add_argument("--include-path", default=None, help="folder of local task YAML files")
     p.add_argument("--limit", type=float, default=None, help="examples per task (int) or fraction")
@@ -27,7 +27,6 @@ def add_lmeval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mc-samples", type=int, default=128, help="Monte Carlo mask patterns per likelihood (default 128)")
     p.add_argument("--mc-batch-size", type=int, default=32, help="rows per likelihood forward (default 32)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts raw")
     p.add_argument("--output", default=None, help="write lm-eval's results JSON here (atomically)")
     p.set_defaults(func=cmd_lmeval)
@@ -41,12 +40,12 @@ def cmd_lmeval(a: argparse.Namespace) -> int:
         from lm_eval.utils import make_table
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..loading import default_device
+    from ..loading import resolve_source
+    from ..model_source import model_source_from_args
     from ..utils import atomic_write_text
     from .lmeval import DSLLadaLM
 
-    if not Path(a.model_dir).is_dir():
-        raise ValueError(f"--model-dir {a.model_dir!r} is not a folder")
+    src = resolve_source(model_source_from_args(a))
     if a.include_path and not Path(a.include_path).is_dir():
         raise ValueError(f"--include-path {a.include_path!r} is not a folder")
     fields = {}
@@ -55,9 +54,10 @@ def cmd_lmeval(a: argparse.Namespace) -> int:
             raise ValueError(f"--sampler-arg {item!r} is not KEY=VALUE")
         k, v = item.split("=", 1)
         fields[k.strip()] = v.strip()
-    lm = DSLLadaLM(a.model_dir, tokenizer=a.tokenizer, sampler=a.sampler, batch_size=a.batch_size,
-                   mc_samples=a.mc_samples, mc_batch_size=a.mc_batch_size, seed=a.seed,
-                   device=a.device or default_device(), chat_template=not a.no_chat_template, **fields)
+    lm = DSLLadaLM(str(src.path), tokenizer=src.tokenizer, device=str(src.device), dtype=src.dtype,
+                   quantize=src.quantize, assume_released=src.assume_released, sampler=a.sampler,
+                   batch_size=a.batch_size, mc_samples=a.mc_samples, mc_batch_size=a.mc_batch_size, seed=a.seed,
+                   chat_template=not a.no_chat_template, **fields)
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     tm = None
     if a.include_path:  # indexing lm-eval's thousands of built-in task files is slow: skip it when not needed

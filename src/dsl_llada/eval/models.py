@@ -57,9 +57,9 @@ def load(spec: ModelSpec, device: str) -> Loaded:
     """Load a model spec on `device` (fp32 on CPU, bf16 on CUDA unless the spec says otherwise)."""
     if not Path(spec.path).is_dir():
         raise FileNotFoundError(f"model {spec.name!r}: folder {spec.path!r} does not exist")
-    dtype = resolve_dtype(spec, device)
-    tok = load_tokenizer_for(spec)
     if spec.kind == "causal-lm":
+        dtype = resolve_dtype(spec, device)
+        tok = load_tokenizer_for(spec)
         from transformers import AutoModelForCausalLM
 
         kw = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
@@ -68,14 +68,15 @@ def load(spec: ModelSpec, device: str) -> Loaded:
                                                          trust_remote_code=False, **kw)
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"model {spec.name!r}: {spec.path} is not a loadable causal LM: {e}") from None
-        model = model.to(device).eval()
+        model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' decorated `to` hides its signature
+        model.eval()
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return Loaded(spec, model, tok, torch.device(device))
-    from ..loading import load_model
+    from ..loading import open_model
 
-    model = load_model(spec.path, dtype=dtype, device=device)
-    return Loaded(spec, model, tok, torch.device(device))
+    handle = open_model(spec.source(device))
+    return Loaded(spec, handle.model, handle.tokenizer, handle.device)
 
 
 def check_method(loaded: Loaded, method: MethodSpec) -> None:

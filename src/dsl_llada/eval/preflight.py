@@ -111,6 +111,7 @@ def model_facts(path: str | Path) -> dict[str, Any]:
 
 def check_models(cfg, tokenizers: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Folder, DSL-need and tokenizer/special-id checks per model; returns each model's facts."""
+    from ..model import check_released_opt_in
     from .methods import needs_dsl
     from .tasks.task import is_dsl_folder
 
@@ -125,6 +126,8 @@ def check_models(cfg, tokenizers: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         if not (Path(spec.path) / "config.json").is_file():
             raise ConfigError(f"model {spec.name!r}: {spec.path} has no config.json (not a model folder)")
+        if is_dsl_folder(spec.path):
+            check_released_opt_in(spec.path, spec.assume_released)
         f = facts[spec.name] = model_facts(spec.path)
         tok = tokenizers.get(spec.name)
         n_tok = len(tok) if tok is not None else None

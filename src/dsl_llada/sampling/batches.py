@@ -33,8 +33,8 @@ from typing import TypeVar
 
 import torch
 
-from ..backbones.base import Backbone
-from ..loading import check_prompt_lengths, context_limit
+from ..backbones.base import Backbone, context_limit, model_device
+from ..loading import check_prompt_lengths
 from ..model import DSLModel
 from ..utils import progress as progress_bar
 from .common import PromptBatch, SampleOutput
@@ -115,7 +115,7 @@ def run_batch(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], c
               seeds: Sequence[int], *, guard: bool = True, progress: bool = False) -> SampleOutput:
     """One left-padded batch through the sampler the config's type picks; row j uses a CPU generator seeded
     `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device)
     gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
     return sample(model, batch, config, generator=gens, progress=progress,
@@ -138,7 +138,7 @@ def run_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
     if check_context:
         check_prompt_lengths(prompt_ids, context=context_limit(model), gen_length=config.gen_length)
     done = set(skip)
-    device = next(model.parameters()).device
+    device = model_device(model)
     grid = [[i for i in range(s, min(s + batch_size, n)) if i not in done] for s in range(0, n, batch_size)]
     grid = [idx for idx in grid if idx]
 

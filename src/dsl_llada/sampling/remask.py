@@ -27,9 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 
-from ..backbones.base import Backbone, Positions, compiled, with_positions
+from ..backbones.base import Backbone, Positions, compiled, context_limit, model_device, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
 from ..numerics import denormals_flushed_during
@@ -57,23 +56,6 @@ class DiscreteModel(Protocol):
     def special(self) -> SpecialTokens: ...
 
     def logits_from_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
-
-
-def _model_device(model: DiscreteModel) -> torch.device | None:
-    if isinstance(model, nn.Module):
-        p = next(model.parameters(), None)
-        if p is not None:
-            return p.device
-    return None
-
-
-def _context_limit(model: DiscreteModel) -> int | None:
-    """max_length of a DSLModel's backbone, or of the model itself (a Backbone); None when unknown."""
-    for obj in (getattr(model, "backbone", None), model):
-        if obj is not None and hasattr(obj, "max_length"):
-            limit: int | None = obj.max_length
-            return limit
-    return None
 
 
 def _forward(model: DiscreteModel, compile: bool) -> Callable[..., torch.Tensor]:
@@ -131,10 +113,10 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     callback = with_progress(callback, progress, "remask")
     special = model.special
     mask_id = special.mask
-    device = _model_device(model) or prompts.ids.device
+    device = model_device(model, fallback=prompts.ids.device)
     prompts = prompts.to(device)
     B, P, L = prompts.batch_size, prompts.length, config.gen_length
-    check_prompt_fits(_context_limit(model), prompts, L)
+    check_prompt_fits(context_limit(model), prompts, L)
     rng = RowRNG(generator, B)
 
     x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)

@@ -91,6 +91,13 @@ class Job:
     top_logprobs: int | None = None
     """None = no logprobs; k >= 0 = each token's log-probability and its k most likely alternatives."""
 
+    @property
+    def submitted(self) -> asyncio.Future[Any]:
+        """The future of a submitted job (its result, or the error its request gets)."""
+        if self.future is None:
+            raise RuntimeError("the job was not submitted (Batcher.submit)")
+        return self.future
+
     def fail_threadsafe(self, error: BaseException) -> None:
         """From the sampler thread: stop this job and answer its request with `error` (its stream gets DONE)."""
         self.cancelled = True

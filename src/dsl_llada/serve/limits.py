@@ -69,7 +69,7 @@ class Limits:
         per_forward = 2.0 * max(n_params or 0, 1) * ctx / CPU_FLOPS
         budget = int(WORST_CASE_S / per_forward) if per_forward > 0 else 1024
         default_nfe, default_steps = SDEConfig().nfe, RemaskConfig().steps
-        values = dict(max_nfe=min(1024, max(default_nfe, 2 * (budget // 2))),
+        values: dict[str, Any] = dict(max_nfe=min(1024, max(default_nfe, 2 * (budget // 2))),
                       max_steps=min(1024, max(default_steps, budget)),
                       max_tokens=ctx, max_prompt_tokens=max(1, ctx - 1),
                       max_body_bytes=max(1 << 20, 64 * ctx),  # 64 bytes per context token, at least 1 MiB

@@ -33,9 +33,8 @@ class LogprobRecorder:
 
     def __init__(self, batch: int, gen_length: int, top: int, mask_id: int):
         self.B, self.L, self.k, self.mask_id = batch, gen_length, min(int(top), MAX_TOP_LOGPROBS), mask_id
-        self.chosen: torch.Tensor | None = None
-        self.top_ids: torch.Tensor | None = None
-        self.top_lps: torch.Tensor | None = None
+        self.tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """(chosen token's logprob (B, L), top ids (B, L, k), top logprobs (B, L, k)), made at the first commit."""
 
     def __call__(self, info: StepInfo) -> None:
         if info.newly_committed is None or info.logits is None or info.window is None:
@@ -45,10 +44,11 @@ class LogprobRecorder:
         if not bool(fresh.any()):
             return
         B = self.B
-        if self.chosen is None:
-            self.chosen = torch.full((B, self.L), float("nan"), dtype=torch.float64)
-            self.top_ids = torch.zeros((B, self.L, self.k), dtype=torch.long)
-            self.top_lps = torch.zeros((B, self.L, self.k), dtype=torch.float64)
+        if self.tables is None:
+            self.tables = (torch.full((B, self.L), float("nan"), dtype=torch.float64),
+                           torch.zeros((B, self.L, self.k), dtype=torch.long),
+                           torch.zeros((B, self.L, self.k), dtype=torch.float64))
+        chosen, top_ids, top_lps = self.tables
         rows, cols = fresh.nonzero(as_tuple=True)
         logits = info.logits[rows, cols].double()  # (N, V): only the committed positions
         logits[:, self.mask_id] = float("-inf")
@@ -57,18 +57,19 @@ class LogprobRecorder:
         r, c = rows.cpu(), (cols + lo).cpu()
         if info.rows is not None:  # this step's rows -> the call's original rows
             r = torch.tensor(info.rows, dtype=torch.long)[r]
-        self.chosen[r, c] = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        chosen[r, c] = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
         if self.k:
             vals, ids = lp.topk(self.k, dim=-1)
-            self.top_ids[r, c] = ids.cpu()
-            self.top_lps[r, c] = vals.cpu()
+            top_ids[r, c] = ids.cpu()
+            top_lps[r, c] = vals.cpu()
 
     def row(self, row: int, length: int, top: int, ids: list[int] | None = None) -> list[TokenLogprob]:
         """The first `length` positions of `row` with `top` alternatives each (ids: the row's response tokens)."""
-        if self.chosen is None:
+        if self.tables is None:
             raise RuntimeError("the sampler committed no token through its step callback")
+        chosen, top_ids, top_lps = self.tables
         out = []
         for j in range(length):
-            alts = [(int(i), float(v)) for i, v in zip(self.top_ids[row, j, :top].tolist(), self.top_lps[row, j, :top].tolist())]
-            out.append(TokenLogprob(token_id=-1 if ids is None else ids[j], logprob=float(self.chosen[row, j]), top=alts))
+            alts = [(int(i), float(v)) for i, v in zip(top_ids[row, j, :top].tolist(), top_lps[row, j, :top].tolist())]
+            out.append(TokenLogprob(token_id=-1 if ids is None else ids[j], logprob=float(chosen[row, j]), top=alts))
         return out

@@ -6,14 +6,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..config import RemaskConfig, SDEConfig
-from ..model import DSLModel
-from ..sampling import PromptBatch, SampleOutput, StepInfo
-from ..sampling.dispatch import sample
+from ..backbones.base import model_device
+from ..generation import run_sampler
+from ..sampling import PromptBatch, StepInfo
 from ..sampling.guards import FiniteLogitsGuard
 from ..sampling.observers import chain_callbacks
 from .batcher import Job, RequestTimeout
@@ -22,28 +21,9 @@ from .logprobs import LogprobRecorder, TokenLogprob
 log = logging.getLogger(__name__)
 
 
-def run_sampler(model, name: str, config: SDEConfig | RemaskConfig, prompts: PromptBatch,
-                generators: Sequence[torch.Generator], callback: Callable[[StepInfo], None] | None = None) -> SampleOutput:
-    """One batch through the sampler that the config's type picks (`sampling.dispatch.sample`), one generator per
-    row; `name` (the request's sampler) must be the config's own."""
-    if config.sampler_name != name:
-        raise ValueError(f"sampler {name!r} does not match its config (which runs {config.sampler_name!r})")
-    return sample(model, prompts, config, generator=list(generators), callback=callback)
-
-
 def seeded_generator(seed: int) -> torch.Generator:
     """The CPU generator a request with `seed` gets (as `generation.generate` seeds prompt i with seed + i)."""
     return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def context_limit(model) -> int | None:
-    """Longest prompt + response the model supports (None = unbounded)."""
-    backbone = model.backbone if isinstance(model, DSLModel) else model
-    return getattr(backbone, "max_length", None)
 
 
 @dataclass
@@ -59,6 +39,12 @@ class JobResult:
     logprobs: list[TokenLogprob] | None = None
     """Per response token (after truncation): its log-probability under the sampler's final distribution and the
     top alternatives (only when the request asked for logprobs)."""
+
+    @property
+    def text_cost(self) -> int:
+        """The size of turning this result into text (tokens to decode, twice with logprobs): what decides whether
+        that runs off the event loop (`Service.off_loop`)."""
+        return len(self.ids) * (1 + (self.logprobs is not None))
 
 
 def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
@@ -99,7 +85,7 @@ class BatchRunner:
         self.progress = progress
 
     def __call__(self, jobs: Sequence[Job]) -> list[JobResult | None]:
-        name, config = jobs[0].key[:2]  # (sampler, config[, prompt length])
+        name, config = cast(tuple[Any, ...], jobs[0].key)[:2]  # (sampler, config[, prompt length])
         prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
         gens = [seeded_generator(j.seed) for j in jobs]
         top = max((j.top_logprobs for j in jobs if j.top_logprobs is not None), default=None)
@@ -128,7 +114,8 @@ class BatchRunner:
                     job.emit(step_event(info, row, self.tokenizer))
 
         with torch.no_grad():
-            out = run_sampler(self.model, name, config, prompts, gens, chain_callbacks(FiniteLogitsGuard(), on_step))
+            out = run_sampler(self.model, prompts, config, generator=gens,
+                              callback=chain_callbacks(FiniteLogitsGuard(), on_step))
         if out.dropped:
             log.info("%d of %d rows left their batch before it ended (cancelled or past their deadline)",
                      len(out.dropped), len(jobs))

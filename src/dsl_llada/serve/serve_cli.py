@@ -1,18 +1,21 @@
-"""`dsl-llada serve` and `dsl-llada ui`: argument parsing and start-up only (the app lives in app.py / ui.py)."""
+"""`dsl-llada serve` and `dsl-llada ui`: their flags, parsed into the settings of the library calls `run_serve` and
+`run_ui` (server.py); the app itself lives in app.py / ui.py."""
 
 from __future__ import annotations
 
 import argparse
-import errno
-import logging
-import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-log = logging.getLogger(__name__)
+from .settings import SERVE_PORT, UI_PORT
+
+if TYPE_CHECKING:
+    from .server import ServeSettings
 
 
-def _positive(kind):
-    def parse(text: str):
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
         try:
             v = kind(text)
         except ValueError:
@@ -24,39 +27,20 @@ def _positive(kind):
     return parse
 
 
-SERVE_PORT = 8000
-UI_PORT = 7860
-
-
-def check_port_free(host: str, port: int) -> None:
-    """One clear error before the model loads when the address cannot be bound (port taken, unknown host)."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise ValueError(f"port {port} on {host} is already in use; pick another with --port "
-                                 f"(or stop the process that holds it)") from None
-            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+TOY_MODEL_HELP = ("checkpoint folder (a DSL checkpoint or a bare backbone); default: the embedded toy world's DSL model "
+                  "(trained by `demo --quick` once, then cached)")
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) -> None:
-    p.add_argument("--model", required=required, default=None,
-                   help="checkpoint folder (DSL checkpoint or bare backbone)" + ("" if required else
-                        "; default: the embedded toy world's DSL model (trained by `demo --quick` once, then cached)"))
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto / float32 / bfloat16 / float16 (auto: bf16 on GPU and on a "
-                                                   "CPU with native bf16, else fp32)")
+    """The model flags (ModelSource's), the address and the port."""
+    from ..model_source import add_model_source_args
+
+    add_model_source_args(p, required=required, path_help=None if required else TOY_MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=port, help=f"TCP port (default {port}; 0 = any free port)")
 
 
-def add_serve_parser(sub) -> None:
+def add_serve_parser(sub: Any) -> None:
     """Register `serve` and `ui` on the `dsl-llada` subparsers."""
     from ..cli_config import add_config_args
     from .settings import ServerConfig
@@ -99,103 +83,36 @@ def add_serve_parser(sub) -> None:
     u.set_defaults(func=cmd_ui)
 
 
-def _load(a: argparse.Namespace):
-    from ..backbones import resolve_model_path
-    from ..loading import default_device, load_model, load_tokenizer, resolve_dtype
-
-    device = a.device or default_device()
-    path = resolve_model_path(a.model)
-    dtype = resolve_dtype(a.dtype, device)
-    model = load_model(path, dtype=dtype, device=device)
-    return model, load_tokenizer(a.tokenizer or path), Path(path)
+LIMIT_FLAGS = ("max_nfe", "max_steps", "max_tokens", "max_prompt_tokens", "max_body_bytes", "request_timeout_s")
 
 
-def freeze_startup_objects() -> None:
-    """Take every object alive now (the model, torch, transformers, FastAPI: about 400k objects for a tiny model)
-    out of the cyclic garbage collector's scans (`gc.freeze`). Busy request handling allocates enough to trigger
-    full collections now and then, and each one rescanned all of them: a 100-200 ms pause of every thread (the
-    event loop and the sampler) on the serving benchmark's machine. Garbage made later is still collected."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
-def _run_uvicorn(app, host: str, port: int, grace_s: float | None = None, on_exit=None) -> int:
-    """Serve until SIGINT/SIGTERM; `on_exit()` runs first thing on the signal (the app starts draining), and the
-    HTTP server cancels connections still open `grace_s` + 2 s later (after the app's own cancellation answered
-    them with 503)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            if on_exit is not None:
-                on_exit()
-            super().handle_exit(sig, frame)
-
-    timeout = None if grace_s is None else int(grace_s + 2)
-    Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=timeout)).run()
-    return 0
-
-
-def cmd_serve(a: argparse.Namespace) -> int:
+def serve_settings(a: argparse.Namespace) -> ServeSettings:
+    """The ServeSettings of `serve`'s parsed flags (the API key read from --api-key-file here, where it enters)."""
     from ..cli_config import config_from_args
-    from .app import create_app
+    from ..model_source import model_source_from_args
+    from .server import ServeSettings
     from .settings import ServerConfig
 
-    settings = config_from_args(ServerConfig, a)
+    server = config_from_args(ServerConfig, a)
     api_key = a.api_key
     if a.api_key_file:
         api_key = Path(a.api_key_file).read_text().strip()
         if not api_key:
             raise ValueError(f"--api-key-file {a.api_key_file!r} is empty")
-    if a.ui and api_key:
-        raise ValueError("--ui cannot be combined with --api-key (a browser cannot send the key); run `dsl-llada ui` "
-                         "separately")
-    check_port_free(a.host, a.port)
-    from .limits import Limits
-    from .middleware import allowed_hosts
-    from .runner import context_limit
-    from .service import parameter_count
+    return ServeSettings(source=model_source_from_args(a), server=server, served_model_name=a.served_model_name,
+                         api_key=api_key, ui=a.ui, limits={k: getattr(a, k) for k in LIMIT_FLAGS},
+                         shutdown_grace_s=a.shutdown_grace_s, host=a.host, port=a.port,
+                         allowed_hosts=tuple(a.allowed_host))
 
-    model, tok, path = _load(a)
-    limits = Limits.for_model(context_limit(model), parameter_count(model), max_nfe=a.max_nfe, max_steps=a.max_steps,
-                              max_tokens=a.max_tokens, max_prompt_tokens=a.max_prompt_tokens,
-                              max_body_bytes=a.max_body_bytes, request_timeout_s=a.request_timeout_s)
-    app = create_app(model, tok, model_name=a.served_model_name or path.name, api_key=api_key, limits=limits,
-                     allowed_hosts=allowed_hosts(a.host, a.allowed_host), bind_host=a.host,
-                     shutdown_grace_s=a.shutdown_grace_s, **settings.to_dict())
-    batcher, begin_shutdown = app.state.service.batcher, app.state.begin_shutdown
-    if a.ui:
-        from .ui import mount_ui
 
-        app = mount_ui(app, model, tok, path="/ui")
-    print(f"serving {path} as {a.served_model_name or path.name!r} on http://{a.host}:{a.port} "
-          f"(max_batch={settings.max_batch}, max_wait_ms={settings.max_wait_ms:g}, max_queue={settings.max_queue}; "
-          f"limits: {limits.describe()})", flush=True)
-    freeze_startup_objects()
-    _run_uvicorn(app, a.host, a.port, a.shutdown_grace_s, on_exit=begin_shutdown)
-    if batcher.abandoned:  # a sampler thread that never returned would block interpreter exit
-        import os
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .server import run_serve
 
-        os._exit(0)
-    return 0
+    return run_serve(serve_settings(a))
 
 
 def cmd_ui(a: argparse.Namespace) -> int:
-    from .ui import build_app
+    from ..model_source import model_source_from_args
+    from .server import UISettings, run_ui
 
-    check_port_free(a.host, a.port)
-    if a.model is None:
-        from .ui import toy_model
-
-        toy = Path(a.toy_dir) if a.toy_dir else Path.home() / ".cache" / "dsl-llada" / "toy-demo"
-        print(f"no --model: using the embedded toy world's DSL model cached under {toy}/cache "
-              f"(trained there by the `demo --quick` stages first if missing)", flush=True)
-        model, tok = toy_model(toy)
-        name = "toy world (demo --quick)"
-    else:
-        model, tok, path = _load(a)
-        name = path.name
-    print(f"web UI for {name} on http://{a.host}:{a.port}", flush=True)
-    return _run_uvicorn(build_app(model, tok, title=f"dsl-llada: {name}"), a.host, a.port)
+    return run_ui(UISettings(source=model_source_from_args(a), host=a.host, port=a.port, toy_dir=a.toy_dir))

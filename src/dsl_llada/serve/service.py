@@ -8,7 +8,7 @@ import asyncio
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from ..loading import encode_messages, encode_prompt
 from ..model import DSLModel
@@ -16,7 +16,8 @@ from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
-from .runner import BatchRunner, JobResult, context_limit
+from ..backbones.base import context_limit
+from .runner import BatchRunner, JobResult
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
 
 
@@ -122,7 +123,7 @@ class Service:
         if isinstance(p, str):
             p = [p]
         if p and all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[list-item]  (ids are checked against the vocabulary in make_jobs)
+            return [[cast(int, x) for x in p]]  # token ids (checked against the vocabulary in make_jobs)
         if not p:
             raise RequestError("prompt is empty", "prompt")
         if len(p) > self.limits.max_prompts:
@@ -130,7 +131,7 @@ class Service:
                                "prompt", code="limit_exceeded")
         if req.chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise RequestError("chat_template=true but this model's tokenizer has no chat template", "chat_template")
-        return [encode_prompt(self.tokenizer, s, chat_template=req.chat_template) for s in p]  # type: ignore[arg-type]
+        return [encode_prompt(self.tokenizer, cast(str, s), chat_template=req.chat_template) for s in p]
 
     # -- prompt ids -> jobs -----------------------------------------------------------------------------------------
     def make_jobs(self, req: SamplingFields, prompts: list[list[int]], param: str, max_tokens: int | None,

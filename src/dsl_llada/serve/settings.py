@@ -8,7 +8,12 @@ from dataclasses import dataclass
 
 from ..config import ConfigBase, _check
 
-__all__ = ["ServerConfig"]
+__all__ = ["SERVE_PORT", "UI_PORT", "ServerConfig"]
+
+SERVE_PORT = 8000
+"""`dsl-llada serve`'s default TCP port."""
+UI_PORT = 7860
+"""`dsl-llada ui`'s default TCP port."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ import torch
 
 from ..config import RemaskConfig, SDEConfig
 from ..sampling import PromptBatch, StepInfo
-from .runner import run_sampler, seeded_generator
+from ..backbones.base import model_device
+from ..generation import run_sampler
+from .runner import seeded_generator
 
 
 @dataclass
@@ -79,10 +81,10 @@ def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDECo
         if on_step is not None:
             on_step(trace)
 
-    batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=next(model.parameters()).device)
+    batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=model_device(model))
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = run_sampler(model, name, config, batch, [seeded_generator(seed)], callback)
+        out = run_sampler(model, batch, config, generator=[seeded_generator(seed)], callback=callback)
     trace.seconds = time.perf_counter() - t0
     trace.text = tokenizer.decode(out.responses()[0], skip_special_tokens=True)
     trace.forward_passes, trace.nfe, trace.done = out.forward_passes, out.nfe, True

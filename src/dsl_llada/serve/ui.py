@@ -11,13 +11,14 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..config import RemaskConfig, SDEConfig
 from ..loading import encode_prompt
 from ..model import DSLModel
 from ..sampling.registry import REGISTRY, get_spec
 from .batcher import same_torch_threads
-from .runner import context_limit
+from ..backbones.base import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
 from .trace import Trace, render_grid, render_step, run_traced
 
@@ -85,6 +86,36 @@ def _stats(trace: Trace | None, running: bool) -> str:
             f"{len(trace.steps)} steps")
 
 
+def _panel(gr: Any, tag: str, default: str, samplers: list[str], default_nfe: dict[str, int]) -> tuple[list[Any], list[Any]]:
+    """One sampler's knobs (sampler, NFE/steps, block length, eta, temperature) and its outputs (final text, stats)."""
+    d_sde, d_rm = SDEConfig(), RemaskConfig()
+    with gr.Column():
+        sampler = gr.Dropdown([(SAMPLER_LABELS[s], s) for s in samplers], value=default, label=f"sampler {tag}",
+                              elem_id=f"sampler-{tag}")
+        with gr.Row():
+            nfe = gr.Number(value=default_nfe[default], precision=0, label="NFE (SDE) / steps (discrete)",
+                            elem_id=f"nfe-{tag}")
+            block = gr.Number(value=0, precision=0, label="block length (0 = none)", elem_id=f"block-{tag}")
+        with gr.Row():
+            eta = gr.Textbox(value="auto" if d_sde.eta is None else str(d_sde.eta),
+                             label="eta (SDE; 'auto' = by NFE, as the paper)", elem_id=f"eta-{tag}")
+            temp = gr.Number(value=d_rm.temperature, label="temperature (discrete)", elem_id=f"temp-{tag}")
+        sampler.change(lambda s: default_nfe[s], sampler, nfe)
+        stats = gr.Markdown("", elem_id=f"stats-{tag}")
+        final = gr.Textbox(label=f"final text {tag}", interactive=False, lines=3, elem_id=f"final-{tag}")
+    return [sampler, nfe, block, eta, temp], [final, stats]
+
+
+def _step_view(gr: Any, tag: str) -> tuple[Any, Any, Any]:
+    """A slider over every step of the last run, and that step's tokens in full."""
+    state = gr.State(None)
+    slider = gr.Slider(minimum=1, maximum=2, value=1, step=1, label=f"step (sampler {tag})",
+                       elem_id=f"step-{tag}", interactive=True)
+    view = gr.HTML(render_step(None, 1), elem_id=f"stepview-{tag}")
+    slider.change(render_step, [state, slider], view)
+    return state, slider, view
+
+
 def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
     """The Gradio Blocks of the viewer around a loaded model and tokenizer."""
     import gradio as gr
@@ -92,36 +123,9 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
     has_converter = isinstance(model, DSLModel)
     samplers = [name for name, spec in REGISTRY.items() if has_converter or not spec.needs_dsl]
     default_a, default_b = ("sde", "remask") if has_converter else ("remask", "remdm")
-    d_sde, d_rm = SDEConfig(), RemaskConfig()
     limit = context_limit(model)
-    default_len = d_sde.gen_length if limit is None else min(d_sde.gen_length, max(8, limit // 4))
+    default_len = SDEConfig().gen_length if limit is None else min(SDEConfig().gen_length, max(8, limit // 4))
     default_nfe = {name: getattr(spec.config_class(), spec.steps_field) for name, spec in REGISTRY.items()}
-
-    def panel(tag: str, default: str):
-        with gr.Column():
-            sampler = gr.Dropdown([(SAMPLER_LABELS[s], s) for s in samplers], value=default, label=f"sampler {tag}",
-                                  elem_id=f"sampler-{tag}")
-            with gr.Row():
-                nfe = gr.Number(value=default_nfe[default], precision=0, label="NFE (SDE) / steps (discrete)",
-                                elem_id=f"nfe-{tag}")
-                block = gr.Number(value=0, precision=0, label="block length (0 = none)", elem_id=f"block-{tag}")
-            with gr.Row():
-                eta = gr.Textbox(value="auto" if d_sde.eta is None else str(d_sde.eta),
-                                 label="eta (SDE; 'auto' = by NFE, as the paper)", elem_id=f"eta-{tag}")
-                temp = gr.Number(value=d_rm.temperature, label="temperature (discrete)", elem_id=f"temp-{tag}")
-            sampler.change(lambda s: default_nfe[s], sampler, nfe)
-            stats = gr.Markdown("", elem_id=f"stats-{tag}")
-            final = gr.Textbox(label=f"final text {tag}", interactive=False, lines=3, elem_id=f"final-{tag}")
-        return [sampler, nfe, block, eta, temp], [final, stats]
-
-    def step_view(tag: str):
-        """A slider over every step of the last run, and that step's tokens in full."""
-        state = gr.State(None)
-        slider = gr.Slider(minimum=1, maximum=2, value=1, step=1, label=f"step (sampler {tag})",
-                           elem_id=f"step-{tag}", interactive=True)
-        view = gr.HTML(render_step(None, 1), elem_id=f"stepview-{tag}")
-        slider.change(render_step, [state, slider], view)
-        return state, slider, view
 
     _live = _live_factory(model, tokenizer)
 
@@ -140,15 +144,15 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
         run = gr.Button("Run", variant="primary", elem_id="run")
         status = gr.Markdown("", elem_id="status")
         with gr.Row():
-            knobs_a, outs_a = panel("a", default_a)
-            knobs_b, outs_b = panel("b", default_b)
+            knobs_a, outs_a = _panel(gr, "a", default_a, samplers, default_nfe)
+            knobs_b, outs_b = _panel(gr, "b", default_b, samplers, default_nfe)
         # the heatmaps get the full width: one column per response position
         gr.Markdown("**denoising, sampler a**")
         grid_a = gr.HTML(render_grid(None), elem_id="grid-a")
-        state_a, slider_a, view_a = step_view("a")
+        state_a, slider_a, view_a = _step_view(gr, "a")
         gr.Markdown("**denoising, sampler b**")
         grid_b = gr.HTML(render_grid(None), elem_id="grid-b")
-        state_b, slider_b, view_b = step_view("b")
+        state_b, slider_b, view_b = _step_view(gr, "b")
         gr.Markdown(environment_footer(model), elem_id="env-footer")
 
         def check(prompt_text, length, use_chat, two, knobs):

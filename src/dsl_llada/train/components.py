@@ -14,7 +14,7 @@ from torch import nn
 from ..backbones import load_backbone
 from ..backbones.base import Backbone, SpecialTokens
 from ..backbones.llada import LLaDABackbone, LLaDAConfig
-from ..checkpoint import checkpoint_files
+from ..loading import is_dsl_checkpoint
 from ..config import ConfigError
 from ..model import DSL_PREFIXES, DSLModel
 from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
@@ -136,7 +136,7 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
         if not path.is_dir():
             raise FileNotFoundError(f"init_from={str(source)!r} is not a folder (expected a backbone or DSL checkpoint "
                                     f"folder, or 'scratch')")
-        if "noise_embed.weight" in checkpoint_files(path):
+        if is_dsl_checkpoint(path):
             if config.objective == "dsl":
                 model = DSLModel.from_pretrained(path)
             else:

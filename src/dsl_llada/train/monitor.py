@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backbones.base import Backbone
+from ..backbones.base import model_device as _device
 from ..converter import noisy_states
 from ..model import DSLModel
 from .objectives import eligible_positions, require_dsl
@@ -46,10 +47,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, was in flags:
             m.training = was
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _prepared(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:

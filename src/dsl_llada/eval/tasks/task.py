@@ -96,10 +96,10 @@ def seed_values(recs: list[dict[str, Any]],
 
 def is_dsl_folder(path: str) -> bool:
     """Whether a model folder is a DSL checkpoint (has the noise embedding), without loading it."""
-    from ...checkpoint import checkpoint_files
+    from ...loading import is_dsl_checkpoint
 
     try:
-        return "noise_embed.weight" in checkpoint_files(path)
+        return is_dsl_checkpoint(path)
     except (OSError, ValueError):
         return False
 
