@@ -62,3 +62,16 @@ def snapshot(folder: Path) -> dict[str, str]:
 def error_lines(err: str) -> list[str]:
     """Non-empty stderr lines (log lines from the library start with a level name and are left out)."""
     return [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("INFO ", "WARNING ", "DEBUG "))]
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """Run the CLI in-process on `argv`: it must exit 2 with exactly one 'error: ' line on stderr; returns that line."""
+    from dsl_llada.cli import main
+
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert line.startswith("error: ")
+    return line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fault_utils import ROOT
-from faults_helpers import error_lines, make_backbone_dir
+from faults_helpers import error_lines, make_backbone_dir, refused
 
 from dsl_llada.cli import main
 from dsl_llada.environment import usable_cpus
@@ -27,16 +27,6 @@ def models(tmp_path_factory):
     backbone = make_backbone_dir(root / "backbone")
     assert main(["convert", str(backbone), str(root / "dsl"), "--noise-dim", "8"]) == 0
     return backbone, root / "dsl"
-
-
-def refused(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    (line,) = error_lines(err)
-    assert line.startswith("error: ")
-    return line
 
 
 # -- text that is not UTF-8 --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from fault_utils import run_cli
-from faults_helpers import error_lines, make_backbone_dir
+from faults_helpers import error_lines, make_backbone_dir, refused
 from safetensors.torch import load_file, save_file
 
 import dsl_llada.generation as generation_mod
@@ -33,16 +33,6 @@ def folders(tmp_path_factory):
 def copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def refused(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    (line,) = error_lines(err)
-    assert line.startswith("error: ")
-    return line
 
 
 # -- 10 ---------------------------------------------------------------------------------------------------------------
