@@ -13,20 +13,12 @@ from pathlib import Path
 
 import pytest
 from fault_utils import ROOT
-from faults_helpers import error_lines, make_backbone_dir, refused
+from faults_helpers import error_lines, refused
 
 from dsl_llada.cli import main
 from dsl_llada.environment import usable_cpus
 
 GEN = ["--sampler", "remask", "--steps", "2", "--gen-length", "4", "-q", "--device", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    backbone = make_backbone_dir(root / "backbone")
-    assert main(["convert", str(backbone), str(root / "dsl"), "--noise-dim", "8"]) == 0
-    return backbone, root / "dsl"
 
 
 # -- text that is not UTF-8 --------------------------------------------------------------------------------------------
