@@ -42,7 +42,7 @@ from .verdicts import verdict_lines, verdicts
 from .world import ToyWorld, ToyWorldConfig
 from .bayes_floor import dsl_excess
 from .demo_report import render_report
-from .demo_train import TrainStage, run_stage
+from .demo_train import TrainStage, longest_prompt, run_stage
 from .floor_report import floor_rows, held_out, plot_excess
 from .oracle import oracle_models
 from .shipped import load_pretrained
@@ -317,13 +317,8 @@ class Demo:
     def _block(self, train) -> int:
         """Block size of the SFT tensors: the longest chat-templated prompt + gen_length (computed once per run)."""
         if getattr(self, "_block_size", None) is None:
-            self._block_size = self._longest_prompt(train) + self.gen_length
+            self._block_size = longest_prompt(self.tok, train) + self.gen_length
         return self._block_size
-
-    def _longest_prompt(self, train) -> int:
-        return max(len(self.tok.encode(self.tok.apply_chat_template([{"role": "user", "content": e.prompt}],
-                                                                        add_generation_prompt=True, tokenize=False),
-                                          add_special_tokens=False)) for e in train)
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -50,6 +50,13 @@ class TrainStage(ConfigBase):
             raise ConfigError(f"need steps >= 1, batch_size >= 1 and lr > 0; got {self.steps}, {self.batch_size}, {self.lr}")
 
 
+def longest_prompt(tokenizer, examples: list[TaskExample]) -> int:
+    """Tokens of the longest chat-templated prompt among `examples` (an SFT block is this + gen_length)."""
+    return max(len(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}],
+                                                                  add_generation_prompt=True, tokenize=False),
+                                    add_special_tokens=False)) for e in examples)
+
+
 def sft_tensors(tokenizer, examples: list[TaskExample], gen_length: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, block_size) ids = chat prompt + response + <|eot_id|> + EOS padding, and (N,) prompt lengths."""
     eos = tokenizer.eos_token_id

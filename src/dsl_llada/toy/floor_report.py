@@ -12,7 +12,7 @@ import torch
 from ..backbones.base import Backbone, SpecialTokens
 from ..model import DSLModel
 from .bayes_floor import DSL_SNRS, MASK_RATES, dsl_curve, dsl_excess, mdm_curve
-from .demo_train import sft_tensors
+from .demo_train import longest_prompt, sft_tensors
 from .tasks import make_split
 from .world import ToyWorld
 
@@ -26,10 +26,7 @@ def held_out(world: ToyWorld, tokenizer, n_per_task: int, gen_length: int) -> tu
     """SFT tensors of `n_per_task` open-ended + `n_per_task` summarisation conversations of the 'valid' split (never
     trained on, never sampled in the report), padded to their longest prompt + `gen_length`."""
     exs = make_split(world, n_per_task, "open", "valid") + make_split(world, n_per_task, "summarize", "valid")
-    ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}], tokenize=False,
-                                                          add_generation_prompt=True), add_special_tokens=False)
-           for e in exs]
-    return sft_tensors(tokenizer, exs, gen_length, max(len(i) for i in ids) + gen_length)
+    return sft_tensors(tokenizer, exs, gen_length, longest_prompt(tokenizer, exs) + gen_length)
 
 
 def floor_rows(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, special: SpecialTokens, ids: torch.Tensor,
