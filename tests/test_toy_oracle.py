@@ -221,3 +221,17 @@ def test_the_oracle_sits_on_its_own_floor_and_a_random_model_above_it(demo_world
     masked = mdm_curve(bb, w, sp, ids, plen, rates=(0.3, 1.0))
     assert all(p.excess > 0.5 for p in masked) and masked[0].oracle_ce < masked[1].oracle_ce
     assert mdm_curve(om.backbone, w, sp, ids, plen, rates=(0.5,))[0].excess == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("field,value,says", [("pretrained", "package", "pretrained='package' is not valid"),
+                                              ("cpt_target_excess", -0.1, "cpt_target_excess=-0.1 must be"),
+                                              ("cpt_check_every", 0, "cpt_check_every=0 must be"),
+                                              ("n_heldout", 0, "n_heldout=0 must be")])
+def test_demo_config_refuses_bad_oracle_settings(field, value, says):
+    from dsl_llada.errors import ConfigError
+    from dsl_llada.toy.demo import DemoConfig
+
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace("[", r"\[")):
+        DemoConfig(**{field: value})
+    assert DemoConfig(**{field: {"pretrained": "scratch", "cpt_target_excess": 0.0, "cpt_check_every": 1,
+                                 "n_heldout": 1}[field]}).to_dict()[field] is not None

@@ -25,7 +25,7 @@ import torch
 from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import Backbone, SpecialTokens
-from ..config import ConfigBase, ConverterConfig, DSLConfig
+from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
 from ..environment import environment_record, finish_record
 from ..loading import DTYPES
 from ..eval.report import pivot, plot_nfe_curves
@@ -99,6 +99,16 @@ class DemoConfig(ConfigBase):
     intervals resample prompts, and the per-seed perplexities give the spread across seeds."""
 
     _nested = {"pretrain": TrainStage, "cpt": TrainStage}
+
+    def __post_init__(self) -> None:
+        _check(self.pretrained in ("auto", "scratch"),
+               f"pretrained={self.pretrained!r} is not valid; expected one of ['auto', 'scratch']")
+        _check(isinstance(self.cpt_target_excess, (int, float)) and 0.0 <= self.cpt_target_excess < 10.0,
+               f"cpt_target_excess={self.cpt_target_excess!r} must be a number in [0, 10) (nats per position; 0 = no target)")
+        _check(isinstance(self.cpt_check_every, int) and 1 <= self.cpt_check_every <= 100_000,
+               f"cpt_check_every={self.cpt_check_every!r} must be an integer from 1 to 100000")
+        _check(isinstance(self.n_heldout, int) and 1 <= self.n_heldout <= 10_000,
+               f"n_heldout={self.n_heldout!r} must be an integer from 1 to 10000")
 
     @classmethod
     def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, sample_seeds: int = 1,
