@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dsl_llada.eval.report import markdown_table, pivot
-from dsl_llada.stats import bootstrap_ratio, compare, format_interval, separated
+from dsl_llada.stats import bootstrap_ratio, compare_difference, format_interval, paired_difference, separated
 from dsl_llada.toy.evaluate import aggregate
 from dsl_llada.toy.verdicts import verdict_lines, verdicts
 
@@ -38,11 +38,13 @@ def test_bad_input_is_refused(bad):
         bootstrap_ratio(**bad)
 
 
-def test_compare_needs_separated_intervals():
-    assert compare((1, 2), (3, 4), lower_is_better=True) == "reproduced"
-    assert compare((1, 2), (3, 4), lower_is_better=False) == "contradicted"
-    assert compare((1, 3.5), (3, 4), lower_is_better=True) == "inconclusive"
-    assert compare(None, (3, 4), lower_is_better=True) == "inconclusive"
+def test_a_verdict_needs_the_difference_interval_to_exclude_zero():
+    assert compare_difference((-2, -1), lower_is_better=True) == "reproduced"
+    assert compare_difference((-2, -1), lower_is_better=False) == "contradicted"
+    assert compare_difference((1, 2), lower_is_better=True) == "contradicted"
+    assert compare_difference((-1, 0.5), lower_is_better=True) == "inconclusive"
+    assert compare_difference((0.0, 0.0), lower_is_better=True) == "inconclusive"
+    assert compare_difference(None, lower_is_better=True) == "inconclusive"
     assert separated((5, 6), (1, 4)) and not separated((1, 4), (4, 6)) and not separated(None, (1, 2))
     assert format_interval(12.345, (11.0, 13.9)) == "12.35 [11.00, 13.90]"
     assert format_interval(None, None) == "–" and format_interval(1.0, None, ".1f") == "1.0"
@@ -62,12 +64,13 @@ def _records(method: str, nll: float, n: int, *, spread: float = 0.0, seeds: int
 
 
 def test_aggregate_gives_intervals_and_the_verdict_follows_them():
-    rows = aggregate(_records("DSL-SDE", 1.0, 40, spread=0.1) + _records("LLaDA", 2.0, 40, spread=0.1))
+    records = _records("DSL-SDE", 1.0, 40, spread=0.1) + _records("LLaDA", 2.0, 40, spread=0.1)
+    rows = aggregate(records)
     by = {r["method"]: r for r in rows}
     lo, hi = by["DSL-SDE"]["ppl_ci"]
     assert lo < by["DSL-SDE"]["ppl"] < hi and hi < by["LLaDA"]["ppl_ci"][0]
     assert by["DSL-SDE"]["premature_eos%_ci"][0] < 50 < by["DSL-SDE"]["premature_eos%_ci"][1]
-    vs = verdicts(rows)
+    vs = verdicts(rows, records)
     assert [v["verdict"] for v in vs if v["metric"] == "ppl"] == ["reproduced"]
     assert [v["verdict"] for v in vs if v["metric"] == "premature_eos%"] == ["inconclusive"]  # equal rates
     text = "\n".join(verdict_lines(vs))
@@ -76,7 +79,43 @@ def test_aggregate_gives_intervals_and_the_verdict_follows_them():
 
 
 def test_overlapping_intervals_are_inconclusive_and_seeds_give_a_spread():
-    rows = aggregate(_records("DSL-SDE", 1.0, 6, spread=1.0, seeds=3) + _records("LLaDA", 1.1, 6, spread=1.0, seeds=3))
-    assert [v["verdict"] for v in verdicts(rows) if v["metric"] == "ppl"] == ["inconclusive"]
+    records = _records("DSL-SDE", 1.0, 6, spread=1.0, seeds=3) + _records("LLaDA", 1.1, 6, spread=1.0, seeds=3)
+    rows = aggregate(records)
+    assert [v["verdict"] for v in verdicts(rows, records) if v["metric"] == "ppl"] == ["inconclusive"]
     r = next(r for r in rows if r["method"] == "DSL-SDE")
     assert r["n_prompts"] == 6 and r["n"] == 18 and len(r["ppl_seeds"]) == 3
+
+
+def test_the_paired_interval_cancels_what_both_methods_share():
+    """Prompts differ a lot (0..50) and method a is lower by 1 on every prompt: separate intervals overlap, the
+    paired difference is exactly -1 in every resample."""
+    base = np.arange(50, dtype=float)
+    ones = np.ones(50)
+    a, b = (base - 1.0, ones), (base, ones)
+    assert not separated(bootstrap_ratio(*a), bootstrap_ratio(*b))
+    assert paired_difference(a, b) == pytest.approx((-1.0, -1.0))
+    noisy = (base - 1.0 + np.random.default_rng(3).normal(0, 0.5, 50), ones)
+    lo, hi = paired_difference(noisy, b)
+    assert lo < -1.0 + 0.5 and hi > -1.0 - 0.5 and hi < 0  # the noise widens it; it still excludes 0
+    assert paired_difference(noisy, b) == (lo, hi) and paired_difference(noisy, b, seed=1) != (lo, hi)
+    with pytest.raises(ValueError, match="four equally long"):
+        paired_difference((base, ones), (base[:3], ones[:3]))
+
+
+def test_paired_verdicts_judge_methods_that_differ_by_a_shift_per_prompt():
+    """Prompt-level NLL varies widely; DSL-SDE is 0.05 nats/token lower on each prompt. The rows' own intervals
+    overlap, the paired difference says reproduced; swapped roles say contradicted."""
+    def recs(method, shift):
+        return [{"method": method, "task": "open", "nfe": 8, "index": i, "nll_sum": 4 * (1.0 + 0.1 * i + shift),
+                 "n_tokens": 4, "in_support": 1.0, "rep": 0.0, "len": 3, "output": f"w{i}", "forward_passes": 8,
+                 "tags": {"empty": False, "premature_eos": False, "repetition": False, "degen_ending": False}}
+                for i in range(30)]
+    records = recs("DSL-SDE", 0.0) + recs("LLaDA", 0.05)
+    rows = aggregate(records)
+    by = {r["method"]: r for r in rows}
+    assert not separated(by["DSL-SDE"]["ppl_ci"], by["LLaDA"]["ppl_ci"])
+    v = next(v for v in verdicts(rows, records) if v["metric"] == "ppl")
+    assert v["verdict"] == "reproduced" and v["difference_ci"] == pytest.approx((-0.05, -0.05))
+    swapped = [{**r, "method": {"DSL-SDE": "LLaDA", "LLaDA": "DSL-SDE"}[r["method"]]} for r in records]
+    assert next(v for v in verdicts(aggregate(swapped), swapped) if v["metric"] == "ppl")["verdict"] == "contradicted"
+    assert "paired NLL/token [-0.05, -0.05] -> **reproduced**" in "\n".join(verdict_lines(verdicts(rows, records)))

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_SEED", "RESAMPLES", "bootstrap_ratio", "compare", "format_interval", "seed_spread", "separated"]
+__all__ = ["BOOTSTRAP_SEED", "RESAMPLES", "bootstrap_ratio", "compare_difference", "format_interval",
+           "paired_difference", "seed_spread", "separated"]
 
 BOOTSTRAP_SEED = 20_260_518
 """Seed of the resampling (fixed: the same records always give the same interval)."""
@@ -47,20 +48,42 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *,
     return float(lo), float(hi)
 
 
+def paired_difference(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]], *,
+                      level: float = 0.95, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile interval of sum(a_num) / sum(a_den) - sum(b_num) / sum(b_den) when the items are paired: item i of
+    `a` and item i of `b` are two methods on the same prompt, so each resample draws the same items for both.
+
+    A paired interval is what a comparison of two methods on one prompt set needs: the prompt-to-prompt variation
+    both methods share cancels in the difference, where two separate intervals count it twice."""
+    (an, ad), (bn, bd) = (tuple(np.asarray(v, dtype=np.float64) for v in pair) for pair in (a, b))
+    if not (an.ndim == 1 and an.size and an.shape == ad.shape == bn.shape == bd.shape):
+        raise ValueError(f"a paired bootstrap needs four equally long, non-empty 1-D sequences (got {an.shape}, "
+                         f"{ad.shape}, {bn.shape}, {bd.shape})")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ValueError(f"resamples must be an integer from 1 to {MAX_RESAMPLES}, got {resamples!r}")
+    idx = np.random.default_rng(seed).integers(0, an.size, size=(resamples, an.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diff = an[idx].sum(axis=1) / ad[idx].sum(axis=1) - bn[idx].sum(axis=1) / bd[idx].sum(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.nanpercentile(diff, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def compare_difference(diff: tuple[float, float] | None, *, lower_is_better: bool) -> str:
+    """The verdict on 'a is better than b' from the interval of a - b: 'reproduced' when it lies entirely on the
+    better side of 0, 'contradicted' when entirely on the worse side, 'inconclusive' when it holds 0 (or is missing)."""
+    if diff is None or diff[0] <= 0.0 <= diff[1]:
+        return "inconclusive"
+    return "reproduced" if (diff[1] < 0.0) == lower_is_better else "contradicted"
+
+
 def separated(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
     """True when two intervals do not overlap (neither is missing)."""
     if a is None or b is None:
         return False
     return a[1] < b[0] or b[1] < a[0]
-
-
-def compare(a: tuple[float, float] | None, b: tuple[float, float] | None, *, lower_is_better: bool) -> str:
-    """'reproduced' when a's interval lies entirely on the better side of b's, 'contradicted' when entirely on the
-    worse side, 'inconclusive' when they overlap (or one is missing)."""
-    if a is None or b is None or not separated(a, b):
-        return "inconclusive"
-    a_lower = a[1] < b[0]
-    return "reproduced" if a_lower == lower_is_better else "contradicted"
 
 
 def format_interval(value: float | None, interval: tuple[float, float] | None, spec: str = ".2f") -> str:

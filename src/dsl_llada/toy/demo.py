@@ -372,7 +372,7 @@ class Demo:
         self.echo("[4/4] writing the report")
         self.timings["total_s"] = time.perf_counter() - t0
         self.write(records, rows, fixclean, models, floors)
-        return {"rows": rows, "fixclean": fixclean, "timings": self.timings, "floors": floors}
+        return {"rows": rows, "records": records, "fixclean": fixclean, "timings": self.timings, "floors": floors}
 
     def sweep(self, sweep: SweepConfig) -> list[dict[str, Any]]:
         """The paper's SDE sensitivity sweep on this demo's DSL checkpoint (cached stages reused); OUT/sweep/."""
@@ -423,7 +423,7 @@ class Demo:
         if floors:
             atomic_write_text(out / "bayes_floor.json", json.dumps({"rows": list(floors), "stops": self.stops}, indent=1))
             plot_excess(floors, out / "excess_loss.png")
-        atomic_write_text(out / "report.md", render_report(self, rows, fixclean, models, floors))
+        atomic_write_text(out / "report.md", render_report(self, records, rows, fixclean, models, floors))
 
 
 def run_demo_cli(args) -> int:
@@ -457,7 +457,7 @@ def run_demo_cli(args) -> int:
     print()
     print(pivot(open_rows, "ppl"))
     print()
-    print("\n".join(verdict_lines(verdicts(result["rows"]))))
+    print("\n".join(verdict_lines(verdicts(result["rows"], result["records"]))))
     print()
     print(f"report: {Path(args.out) / 'report.md'}  (plot: nfe_curve.png, samples: results.jsonl)")
     print(f"total time: {result['timings']['total_s']:.0f} s")

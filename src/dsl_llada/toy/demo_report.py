@@ -23,7 +23,7 @@ def _seed_spread(rows) -> list[str]:
     return out
 
 
-def render_report(demo: Demo, rows, fixclean, models, floors: Any = ()) -> str:
+def render_report(demo: Demo, records, rows, fixclean, models, floors: Any = ()) -> str:
     cfg = demo.cfg
     open_rows = [r for r in rows if r["task"] == "open"]
     sum_rows = [r for r in rows if r["task"] == "summarize"]
@@ -48,9 +48,11 @@ def render_report(demo: Demo, rows, fixclean, models, floors: Any = ()) -> str:
         markdown_table(demo.truth_rows, [("task", "task", ""), ("ppl", "PPL", ".2f"), ("rep", "Rep %", ".1f"),
                                          ("d2", "D2 %", ".1f"), ("len", "Len", ".1f")]), "",
         "Each value is followed by its 95 % bootstrap interval (prompts resampled, fixed seed; "
-        f"{cfg.sample_seeds} sampling seed(s) per prompt). A claim below counts as reproduced only when the "
-        "intervals separate.", "",
-        "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows)), "",
+        f"{cfg.sample_seeds} sampling seed(s) per prompt). Both methods of a claim sample the same prompts, so a claim "
+        "is judged on the paired difference (better - worse; NLL per token for perplexity): reproduced when its 95 % "
+        "interval lies on the claimed side of 0, contradicted when on the other side, inconclusive when it holds 0.",
+        "",
+        "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows, records)), "",
         "## Open-ended generation: exact perplexity (lower is better)", "", pivot(open_rows, "ppl"), "",
         *(["## Open-ended perplexity: spread across sampling seeds (min - max of the per-seed values)", "",
            "| method | " + " | ".join(f"NFE {n}" for n in sorted({r['nfe'] for r in open_rows})) + " |",

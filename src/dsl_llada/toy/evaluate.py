@@ -136,28 +136,49 @@ def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -
     return rec
 
 
+def _per_record(key: str) -> Callable[[dict[str, Any]], float]:
+    """A record's contribution to the numerator of metric `key` (its denominator is 1 per record, or the record's
+    token count for 'ppl', whose ratio is the NLL per token)."""
+    if key == "ppl":
+        return lambda r: r["nll_sum"]
+    if key in ("in_support", "rep"):
+        return lambda r: 100.0 * r[key]
+    if key == "len":
+        return lambda r: r["len"]
+    if key.endswith("%") and key[:-1] in M.FAILURE_TAG_NAMES:
+        return lambda r: 100.0 * bool(r["tags"].get(key[:-1]))
+    if key in ("rouge1", "rouge2", "rougeL"):
+        return lambda r: r["rouge"][key]
+    raise KeyError(f"no per-record metric {key!r}")
+
+
+INTERVAL_KEYS = ("ppl", "in_support", "rep", "len", *(f"{t}%" for t in M.FAILURE_TAG_NAMES))
+"""Metrics given a 95 % interval in every row (summarisation rows also rouge1, rouge2, rougeL)."""
+
+
+def clusters(rs: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """A row's records grouped by prompt index (a prompt's samples under several seeds stay together)."""
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rs:
+        out[r["index"]].append(r)
+    return out
+
+
+def metric_sums(cs: Sequence[Sequence[dict[str, Any]]], key: str) -> tuple[list[float], list[float]]:
+    """Per cluster, the numerator and denominator sums of metric `key` (the metric is sum(num) / sum(den); exp of
+    it for 'ppl')."""
+    num = _per_record(key)
+    den: Callable[[dict[str, Any]], float] = (lambda r: r["n_tokens"]) if key == "ppl" else (lambda r: 1.0)
+    return [float(sum(num(r) for r in c)) for c in cs], [float(sum(den(r) for r in c)) for c in cs]
+
+
 def _intervals(rs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
     """95 % bootstrap intervals (`KEY_ci`) of a row's per-item metrics, resampling prompts (a prompt's samples
     under several seeds stay together), and the per-seed perplexities (`ppl_seeds`) when several seeds ran."""
-    clusters: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in rs:
-        clusters[r["index"]].append(r)
-    cs = list(clusters.values())
-    count = [len(c) for c in cs]
-
-    def col(f) -> list[float]:
-        return [float(sum(f(r) for r in c)) for c in cs]
-
-    out: dict[str, Any] = {
-        "ppl_ci": bootstrap_ratio(col(lambda r: r["nll_sum"]), col(lambda r: r["n_tokens"]), transform=np.exp),
-        "n_prompts": len(cs)}
-    for key, f in (("in_support", lambda r: 100 * r["in_support"]), ("rep", lambda r: 100 * r["rep"]),
-                   ("len", lambda r: r["len"])) + tuple(
-            (f"{t}%", (lambda t: lambda r: 100.0 * bool(r["tags"].get(t)))(t)) for t in M.FAILURE_TAG_NAMES):
-        out[f"{key}_ci"] = bootstrap_ratio(col(f), count)
-    if task == "summarize":
-        for k in ("rouge1", "rouge2", "rougeL"):
-            out[f"{k}_ci"] = bootstrap_ratio(col(lambda r, k=k: r["rouge"][k]), count)
+    cs = list(clusters(rs).values())
+    out: dict[str, Any] = {"ppl_ci": bootstrap_ratio(*metric_sums(cs, "ppl"), transform=np.exp), "n_prompts": len(cs)}
+    for key in INTERVAL_KEYS[1:] + (("rouge1", "rouge2", "rougeL") if task == "summarize" else ()):
+        out[f"{key}_ci"] = bootstrap_ratio(*metric_sums(cs, key))
     seeds = sorted({r.get("sample_seed", 0) for r in rs})
     if len(seeds) > 1:
         out["ppl_seeds"] = [math.exp(sum(r["nll_sum"] for r in rs if r.get("sample_seed", 0) == s)
