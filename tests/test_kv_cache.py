@@ -205,7 +205,9 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
         ("float32", 0.0), ("float32", 1e-3), ("bfloat16", 0.0), ("bfloat16", 1e-3)}
     assert {r["config"]["converter_tolerance"] for r in runs if r["sampler"] != "Block remasking"} == {0.0, 1e-3}
     table = (out / "frontier.md").read_text()
-    assert table.count("\n| ") == 1 + 16 + 1  # header, the variants, the world's own samples
+    main_table = table.split("Which sampler to pick")[0]
+    assert main_table.count("\n| ") == 1 + 16 + 1  # header, the variants, the world's own samples
+    assert table.count("\n| >= ") == 4  # one line per quality level
     assert "| Block remasking | dual, R=2, bf16 |" in table and "| World (true samples) |" in table
     assert "Recommended points:" in table and "- DSL model (any SDE): recommended " in table
     assert (out / "frontier.png").stat().st_size > 10_000
@@ -238,10 +240,54 @@ def test_cache_frontier_bf16_leaves_the_callers_models_fp32(tmp_path, monkeypatc
             for m in seen.values()} == {torch.float32}
 
 
+def test_frontier_measures_every_sampler_with_the_oracle_ceiling_and_batch_1(tmp_path):
+    import json
+
+    from dsl_llada.toy.cache_frontier import FrontierConfig, variants
+
+    fc = FrontierConfig(sde_nfe=2, remask_steps=8, n_open=3, n_summarize=1, rounds=1, batch_size=4, modes=("dual",),
+                        refreshes=(0,), tolerances=(), dtypes=("float32",), sde_nfes=(4,), remask_steps_grid=(4,),
+                        thresholds=(0.5,), threshold_modes=("off", "dual"), remdm_steps=(8,), oracle=True,
+                        batch1_prompts=2)
+    vs = variants(fc)
+    labels = [(v.name, v.label) for v in vs]
+    assert labels == [("Block SDE", "R=1 (exact)"), ("Block SDE", "dual, R=never"), ("SDE", "R=1 (exact)"),
+                      ("Block remasking", "R=1 (exact)"), ("Block remasking", "dual, R=never"),
+                      ("Block SDE", "NFE 4, R=1 (exact)"), ("SDE", "NFE 4, R=1 (exact)"),
+                      ("Block remasking", "4 steps, R=1 (exact)"), ("Threshold remasking", "tau=0.5, R=1 (exact)"),
+                      ("Threshold remasking", "tau=0.5, dual, R=never"), ("ReMDM", "8 steps, R=1 (exact)"),
+                      ("Oracle SDE", "NFE 2, R=1 (exact)"), ("Oracle SDE", "NFE 4, R=1 (exact)"),
+                      ("Oracle Block remasking", "R=1 (exact)"), ("Oracle Threshold remasking", "tau=0.5, R=1 (exact)")]
+    gen = 32
+    assert vs[8].config(fc, gen).threshold == 0.5 and vs[8].config(fc, gen).steps == gen  # at most one step a token
+    assert vs[10].config(fc, gen).remdm and vs[6].config(fc, gen).nfe == 4 and vs[7].config(fc, gen).steps == 4
+    assert [v.model for v in vs[11:]] == ["oracle-dsl", "oracle-dsl", "oracle", "oracle"]
+    rows = _micro_demo(tmp_path).cache_frontier(fc)
+    assert len(rows) == len(vs)
+    by = {(r["sampler"], r["label"]): r for r in rows}
+    for r in rows:
+        assert r["seconds_min_b1"] <= r["seconds_per_sample_b1"] <= r["seconds_max_b1"]
+        assert 0.0 <= r["open"]["complete"] <= r["open"]["in_support"] + 1e-9
+        assert len(r["open"]["premature_eos%_ci"]) == 2 and r["forward_passes"] >= 1
+    fixed = by["Block remasking", "R=1 (exact)"]
+    assert fixed["forward_passes"] == 8 and fixed["budget"] == 8 and fixed["speedup"] == 1.0
+    thr = by["Threshold remasking", "tau=0.5, R=1 (exact)"]
+    assert thr["budget"] == gen and 4 <= thr["forward_passes"] <= gen and thr["speedup"] is not None
+    assert by["ReMDM", "8 steps, R=1 (exact)"]["same_tokens"] is not None  # against exact block remasking
+    oracle = by["Oracle SDE", "NFE 2, R=1 (exact)"]
+    assert oracle["oracle"] and oracle["speedup"] is None
+    assert oracle["open"]["in_support"] == 100.0  # the exact denoiser never leaves the grammar
+    table = (tmp_path / "cache_frontier" / "frontier.md").read_text()
+    assert "| Oracle SDE | NFE 2, R=1 (exact) | – | – |" in table  # the oracle's time is not a speed figure
+    assert "- DSL model (any SDE): recommended " in table and "- Masked DLM (any remasking): recommended " in table
+    runs = [json.loads(x) for x in (tmp_path / "cache_frontier" / "runs.jsonl").read_text().splitlines()]
+    assert len({r["key"] for r in runs}) == len(vs)  # every variant its own resumable key
+
+
 def _row(sampler, label, sec, ppl_ci, ins_ci=(90.0, 100.0), rouge_ci=(40.0, 50.0), mode="off", dtype="float32",
-         tolerance=0.0):
+         tolerance=0.0, **extra):
     return {"sampler": sampler, "label": label, "mode": mode, "refresh": 1, "dtype": dtype, "tolerance": tolerance,
-            "seconds_per_sample": sec, "seconds_min": sec, "seconds_max": sec, "n": 3,
+            "seconds_per_sample": sec, "seconds_min": sec, "seconds_max": sec, "n": 3, **extra,
             "open": {"ppl": sum(ppl_ci) / 2, "ppl_ci": list(ppl_ci), "in_support": sum(ins_ci) / 2,
                      "in_support_ci": list(ins_ci)},
             "summarize": {"rougeL": sum(rouge_ci) / 2, "rougeL_ci": list(rouge_ci)}}
@@ -271,6 +317,43 @@ def test_frontier_recommends_the_fastest_point_within_exact_intervals():
     assert recommendations([exact, fastest_bad_ppl])[0][1] is exact
 
 
+def test_threshold_speedup_family_reference_and_quality_levels():
+    from dsl_llada.toy.frontier_report import level_rows, recommendations, threshold_line
+
+    def rem(sampler, label, sec, ppl_ci, complete, steps=0, threshold=None, budget=32, b1=None, oracle=False):
+        r = _row(sampler, label, sec, ppl_ci, steps=steps, threshold=threshold, budget=budget, oracle=oracle,
+                 forward_passes=float(budget if threshold is None else 9))
+        r["open"] |= {"complete": complete, "complete_ci": [complete - 5, complete + 5]}
+        if b1 is not None:
+            r |= {"seconds_per_sample_b1": b1, "seconds_min_b1": b1, "seconds_max_b1": b1}
+        return r
+
+    ref = rem("Block remasking", "R=1 (exact)", 1.0, (4.0, 5.0), 80.0, b1=2.0)
+    few = rem("Block remasking", "8 steps, R=1 (exact)", 0.3, (9.0, 12.0), 40.0, steps=8, budget=8, b1=0.6)
+    sixteen = rem("Block remasking", "16 steps, R=1 (exact)", 0.5, (4.5, 5.5), 78.0, steps=16, budget=16, b1=1.0)
+    thr = rem("Threshold remasking", "tau=0.7, R=1 (exact)", 0.25, (4.2, 5.2), 79.0, threshold=0.7, b1=0.4)
+    thr_bad = rem("Threshold remasking", "tau=0.3, R=1 (exact)", 0.1, (8.0, 9.0), 50.0, threshold=0.3, b1=0.2)
+    sde = rem("SDE", "R=1 (exact)", 0.2, (20.0, 30.0), 30.0, budget=16, b1=0.3)
+    sde64 = rem("SDE", "NFE 64, R=1 (exact)", 0.8, (21.0, 31.0), 32.0, steps=64, budget=64, b1=1.2)
+    oracle = rem("Oracle Threshold remasking", "tau=0.7, R=1 (exact)", 0.01, (4.0, 4.1), 100.0, threshold=0.7,
+                 oracle=True)
+    rows = [ref, few, sixteen, thr, thr_bad, sde, sde64, oracle]
+    recs = {scope: (best["label"], r["label"]) for scope, best, r in recommendations(rows)}
+    assert recs["Masked DLM (any remasking)"] == ("tau=0.7, R=1 (exact)", "R=1 (exact)")
+    assert recs["Threshold remasking"] == ("tau=0.7, R=1 (exact)", "R=1 (exact)")  # against fixed-step exact
+    assert recs["DSL model (any SDE)"] == ("R=1 (exact)", "NFE 64, R=1 (exact)")  # the reference: largest NFE
+    line = threshold_line(rows)
+    assert line.startswith("Threshold decoding at equal exact quality (both within exact block remasking at 32 steps)")
+    assert "fixed-step [16 steps, R=1 (exact)] 2.0, **2.00x**" in line  # 0.5 s against 0.25 s, batch 8
+    assert "batch 1: tau=0.7, R=1 (exact) 2.5 samples/s against fixed-step [16 steps, R=1 (exact)] 1.0, **2.50x**" in line
+    assert "9.0 forward passes per response against 32" in line
+    levels = {e["level"]: e for e in level_rows(rows)}
+    assert levels[90.0]["b8"] is None  # only the oracle reaches 90 %, and the oracle is never picked
+    assert levels[75.0]["b8"] is thr and levels[75.0]["b1"] is thr
+    assert levels[25.0]["b8"] is thr_bad and levels[25.0]["b1"] is thr_bad
+    assert threshold_line([ref, few]) is None  # no threshold row: no line
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"refreshes": (1,)}, r"refreshes=\[1\]: each must be an int 0 \(never\) or >= 2"),
     ({"modes": ("off",)}, r"modes=\['off'\]: choose from \['dual', 'prefix'\]"),
@@ -278,6 +361,12 @@ def test_frontier_recommends_the_fastest_point_within_exact_intervals():
     ({"remask_steps": 30}, "remask_steps=30 must be a multiple of blocks=4"),
     ({"dtypes": ("float16",)}, r"dtypes=\['float16'\]: choose distinct values from \['float32', 'bfloat16'\]"),
     ({"tolerances": (0.0,)}, r"tolerances=\[0.0\]: each must be a float in \(0, 1\)"),
+    ({"sde_nfes": (5,)}, r"sde_nfes=\[5\]: each must be an even int from 2 to 65536"),
+    ({"remask_steps_grid": (6,)}, r"remask_steps_grid=\[6\]: each must be a multiple of blocks=4 from 4 to 65536"),
+    ({"remdm_steps": (0,)}, r"remdm_steps=\[0\]: each must be a multiple of blocks=4"),
+    ({"thresholds": (1.0,)}, r"thresholds=\[1.0\]: each must be a float in \(0, 1\)"),
+    ({"threshold_modes": ("both",)}, r"threshold_modes=\['both'\]: choose from \['off', 'prefix', 'dual'\]"),
+    ({"batch1_prompts": 100}, r"batch1_prompts=100 must be from 0 to n_open \+ n_summarize = 72"),
 ])
 def test_frontier_config_errors(kw, message):
     from dsl_llada.toy.cache_frontier import FrontierConfig

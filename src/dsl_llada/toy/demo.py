@@ -393,15 +393,19 @@ class Demo:
         return rows
 
     def cache_frontier(self, fc: FrontierConfig) -> list[dict[str, Any]]:
-        """Approximate KV caching's quality/speed frontier on this demo's checkpoints (cached stages reused);
-        OUT/cache_frontier/."""
+        """Every sampler's exact quality against samples per second on this demo's checkpoints (cached stages
+        reused), with the exact denoisers as the ceiling when `fc.oracle`; OUT/cache_frontier/."""
         train, evals = self.corpora(fc.n_open, fc.n_summarize)
         base = self.pretrained(train).eval()
         self.echo("[2/3] DSL model")
         dsl = self.adapted(base, train, "dsl").eval()
         self.echo("[3/3] cache frontier")
         out = self.out / "cache_frontier"
-        rows = run_frontier({"base": base, "dsl": dsl}, self.world, self.tok, evals, out, fc,
+        models: dict[str, Any] = {"base": base, "dsl": dsl}
+        if fc.oracle:
+            assert isinstance(dsl, DSLModel)
+            models |= oracle_models(self.world, self.special, dsl)
+        rows = run_frontier(models, self.world, self.tok, evals, out, fc,
                             gen_length=self.gen_length, progress=self.progress, echo=self.echo)
         write_frontier(rows, fc, reference_rows(self.world, evals), out)
         atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "frontier": fc.to_dict(),

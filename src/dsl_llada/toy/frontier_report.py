@@ -1,9 +1,16 @@
-"""The cache frontier's report: the table, the recommended points and the quality-vs-samples-per-second plot.
+"""The frontier's report: the table, the recommended points, the sampler to pick per quality level and the
+quality-vs-samples-per-second plot.
 
-The recommended point of a sampler is the fastest variant whose quality intervals (open-ended exact perplexity,
-in-support %, summarisation ROUGE-L: 95 % bootstrap intervals over prompts) all overlap those of the sampler's exact
-fp32 variant; the DSL model's overall recommendation is the fastest SDE variant (block or whole-response) whose
-intervals overlap exact fp32 whole-response SDE's, the authors' `sde_generate` setting.
+A point is *within* a reference when every quality interval (open-ended exact perplexity, in-support %, premature
+EOS %, summarisation ROUGE-L: 95 % bootstrap intervals over prompts) overlaps the reference's. Recommended points:
+- per sampler: the fastest of its rows within its exact fp32 row at the default step count (threshold decoding and
+  ReMDM: within exact fixed-step block remasking);
+- per model family: the fastest row of any of the family's samplers within the family's exact reference, its most
+  expensive exact fp32 setting (whole-response SDE at the largest NFE measured; block remasking at the most steps);
+- threshold decoding against fixed-step remasking at equal exact quality: the fastest of each within the
+  remasking family's reference.
+Per quality level (the share of open-ended answers that are complete and inside the world's support): the fastest
+row of the trained models that reaches it. Oracle rows are the ceiling: quality only, never recommended.
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ from typing import Any
 from ..eval.report import markdown_table
 from ..stats import format_interval, separated
 from ..utils import atomic_write_text, save_figure
-from .cache_frontier import SAMPLERS, FrontierConfig, is_exact
+from .cache_frontier import FAMILIES, REFERENCE_OF, SAMPLERS, FrontierConfig, is_exact, is_reference
 
-QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"), ("summarize", "rougeL", "ROUGE-L"))
-"""(task, metric, name) whose intervals must overlap exact fp32's for a variant to be recommendable."""
+QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"),
+           ("open", "premature_eos%", "premature EOS %"), ("summarize", "rougeL", "ROUGE-L"))
+"""(task, metric, name) whose intervals must overlap a reference's for a row to be within it."""
+LEVELS = (90.0, 75.0, 50.0, 25.0)
+"""Quality levels of the per-level pick: % of open-ended answers complete (no premature EOS) and in support."""
 
 
 def _ci(row: dict[str, Any], task: str, key: str) -> tuple[float, float] | None:
@@ -38,133 +48,244 @@ def within_exact(row: dict[str, Any], exact: dict[str, Any]) -> bool:
     return True
 
 
-def recommend(rows: Sequence[dict[str, Any]], exact: dict[str, Any]) -> dict[str, Any]:
-    """The fastest of `rows` (median seconds per sample) whose quality intervals overlap `exact`'s; `exact` itself
-    when none is faster."""
-    ok = [r for r in rows if within_exact(r, exact)]
-    return min([exact, *ok], key=lambda r: r["seconds_per_sample"])
+def recommend(rows: Sequence[dict[str, Any]], exact: dict[str, Any], speed: str = "seconds_per_sample") -> dict[str, Any]:
+    """The fastest of `rows` (median seconds per sample under `speed`) whose quality intervals overlap `exact`'s;
+    `exact` itself when none is faster."""
+    ok = [r for r in rows if within_exact(r, exact) and r.get(speed) is not None]
+    return min([exact, *ok], key=lambda r: r.get(speed) or float("inf"))
+
+
+def _trained(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if not r.get("oracle")]
+
+
+FAMILY_REFERENCE = {"DSL model (any SDE)": ("SDE", "Block SDE"), "Masked DLM (any remasking)": ("Block remasking",)}
+"""Where a family's exact reference comes from: the first of these samplers that has exact rows."""
+
+
+def family_reference(rows: Sequence[dict[str, Any]], candidates: Sequence[str]) -> dict[str, Any] | None:
+    """The exact reference among `candidates` (the first sampler with exact fixed-step rows): its most expensive
+    exact fp32 row, at the largest NFE / step count measured."""
+    for s in candidates:
+        exact = [r for r in _trained(rows) if r["sampler"] == s and is_exact(r) and r.get("threshold") is None]
+        if exact:
+            return max(exact, key=lambda r: r.get("budget") or 0)
+    return None
 
 
 def recommendations(rows: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(scope, recommended row, exact fp32 reference row): one per sampler measured, then 'DSL model (any SDE)'
-    against exact fp32 whole-response SDE when that was measured."""
+    """(scope, recommended row, reference row): one per sampler measured (a sampler measured against another's
+    reference only when one of its own rows is within it), then one per model family."""
     out = []
+    trained = _trained(rows)
+    refs = {r["sampler"]: r for r in trained if is_reference(r)}
     for s in SAMPLERS:
-        mine = [r for r in rows if r["sampler"] == s]
-        exact = next((r for r in mine if is_exact(r)), None)
-        if exact is not None:
-            out.append((s, recommend(mine, exact), exact))
-    whole = next((r for r in rows if r["sampler"] == "SDE" and is_exact(r)), None)
-    if whole is not None:
-        sde = [r for r in rows if r["sampler"] in ("SDE", "Block SDE")]
-        out.append(("DSL model (any SDE)", recommend(sde, whole), whole))
+        mine = [r for r in trained if r["sampler"] == s]
+        ref = refs.get(REFERENCE_OF.get(s, s))
+        if not mine or ref is None:
+            continue
+        if s in REFERENCE_OF:
+            ok = [r for r in mine if within_exact(r, ref)]
+            if ok:
+                out.append((s, min(ok, key=lambda r: r["seconds_per_sample"]), ref))
+        else:
+            out.append((s, recommend(mine, ref), ref))
+    for family, samplers in FAMILIES.items():
+        ref = family_reference(rows, FAMILY_REFERENCE[family])
+        if ref is not None:
+            out.append((family, recommend([r for r in trained if r["sampler"] in samplers], ref), ref))
     return out
 
 
+def _rate(r: dict[str, Any], key: str = "seconds_per_sample") -> str:
+    return "–" if r.get(key) is None else f"{1 / r[key]:.1f}"
+
+
 def recommendation_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """One sentence per recommendation: the point, its samples per second and its speed-up over the exact
-    reference."""
+    """One sentence per recommendation: the point, its samples per second and its speed-up over the reference."""
     lines = []
-    for scope, best, exact in recommendations(rows):
-        speedup = exact["seconds_per_sample"] / best["seconds_per_sample"]
-        lines.append(f"{scope}: recommended {best['sampler']} [{best['label']}] at {1 / best['seconds_per_sample']:.1f}"
-                     f" samples/s, {speedup:.2f}x exact fp32 {exact['sampler']} ({1 / exact['seconds_per_sample']:.1f}"
-                     f" samples/s); quality intervals overlap exact's")
+    for scope, best, ref in recommendations(rows):
+        speedup = ref["seconds_per_sample"] / best["seconds_per_sample"]
+        lines.append(f"{scope}: recommended {best['sampler']} [{best['label']}] at {_rate(best)} samples/s, "
+                     f"{speedup:.2f}x exact fp32 {ref['sampler']} [{ref['label']}] ({_rate(ref)} samples/s); quality "
+                     f"intervals overlap the reference's")
     return lines
 
 
-COLUMNS = [("sampler", "Sampler", ""), ("label", "Variant", ""), ("rate", "samples/s (range)", ""),
-           ("speedup", "speed-up", ".2f"), ("same_tokens", "same tokens %", ".1f"), ("ppl", "open PPL (exact) [95 %]", ""),
-           ("in_support", "in-support % [95 %]", ""), ("rougeL", "sum. ROUGE-L [95 %]", ""), ("ok", "within exact", "")]
+def threshold_line(rows: Sequence[dict[str, Any]]) -> str | None:
+    """Threshold decoding against fixed-step remasking at equal exact quality (None without both)."""
+    ref = family_reference(rows, ("Block remasking",))
+    if ref is None:
+        return None
+    trained = _trained(rows)
+    thr = [r for r in trained if r["sampler"] == "Threshold remasking" and within_exact(r, ref)]
+    fixed = [r for r in trained if r["sampler"] == "Block remasking" and within_exact(r, ref)]
+    if not thr or not fixed:
+        return None
+    parts = []
+    for key, name in (("seconds_per_sample", "batch 8"), ("seconds_per_sample_b1", "batch 1")):
+        t = [r for r in thr if r.get(key)]
+        f = [r for r in fixed if r.get(key)]
+        if t and f:
+            bt, bf = min(t, key=lambda r: r[key]), min(f, key=lambda r: r[key])
+            parts.append(f"{name}: {bt['label']} {_rate(bt, key)} samples/s against fixed-step [{bf['label']}] "
+                         f"{_rate(bf, key)}, **{bf[key] / bt[key]:.2f}x**")
+    best = min(thr, key=lambda r: r["seconds_per_sample"])
+    passes = f"; {best['forward_passes']:.1f} forward passes per response against {ref['budget']}" \
+        if best.get("forward_passes") is not None else ""
+    return ("Threshold decoding at equal exact quality (both within exact block remasking at "
+            f"{ref['budget']} steps): " + "; ".join(parts) + passes)
 
 
-def _table_row(r: dict[str, Any], exact: dict[str, Any] | None) -> dict[str, Any]:
+def _complete(r: dict[str, Any]) -> float | None:
+    return (r.get("open") or {}).get("complete")
+
+
+def level_rows(rows: Sequence[dict[str, Any]], levels: Sequence[float] = LEVELS) -> list[dict[str, Any]]:
+    """Per quality level: the fastest trained row (batch 8, and batch 1 when timed) whose share of complete
+    in-support open-ended answers reaches it."""
+    out = []
+    for level in levels:
+        ok = [r for r in _trained(rows) if (_complete(r) or 0.0) >= level]
+        entry: dict[str, Any] = {"level": level}
+        for key, name in (("seconds_per_sample", "b8"), ("seconds_per_sample_b1", "b1")):
+            timed = [r for r in ok if r.get(key)]
+            entry[name] = min(timed, key=lambda r: r[key]) if timed else None
+        out.append(entry)
+    return out
+
+
+def _pick(r: dict[str, Any] | None, key: str) -> str:
+    if r is None:
+        return "none reaches it"
     o, s = r.get("open") or {}, r.get("summarize") or {}
-    sec = r.get("seconds_per_sample")
-    rate = "–" if sec is None else f"{1 / sec:.1f} ({1 / r['seconds_max']:.1f}–{1 / r['seconds_min']:.1f})"
-    return {"sampler": r["sampler"], "label": r["label"], "rate": rate, "speedup": r.get("speedup"),
-            "same_tokens": r.get("same_tokens"), "ppl": format_interval(o.get("ppl"), o.get("ppl_ci"), ".2f"),
+    return (f"{r['sampler']} [{r['label']}]: {_rate(r, key)}/s, complete {format_interval(o.get('complete'), o.get('complete_ci'), '.0f')}"
+            f", PPL {o.get('ppl', float('nan')):.2f}, ROUGE-L {s.get('rougeL', float('nan')):.1f}")
+
+
+def level_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| complete & in-support answers | fastest at batch 8 | fastest at batch 1 |", "|---|---|---|"]
+    for e in level_rows(rows):
+        lines.append(f"| >= {e['level']:.0f} % | {_pick(e['b8'], 'seconds_per_sample')} | "
+                     f"{_pick(e['b1'], 'seconds_per_sample_b1')} |")
+    return "\n".join(lines)
+
+
+COLUMNS = [("sampler", "Sampler", ""), ("label", "Variant", ""), ("rate", "samples/s (range)", ""),
+           ("rate_b1", "samples/s, batch 1", ""), ("passes", "passes", ".1f"), ("speedup", "speed-up", ".2f"),
+           ("same_tokens", "same tokens %", ".1f"), ("ppl", "open PPL (exact) [95 %]", ""),
+           ("in_support", "in-support % [95 %]", ""), ("eos", "premature EOS % [95 %]", ""),
+           ("complete", "complete & in-support % [95 %]", ""), ("rougeL", "sum. ROUGE-L [95 %]", ""),
+           ("ok", "within reference", "")]
+
+
+def _table_row(r: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
+    o, s = r.get("open") or {}, r.get("summarize") or {}
+
+    def rate(suffix: str) -> str:
+        sec = r.get(f"seconds_per_sample{suffix}")
+        if sec is None or r.get("oracle"):
+            return "–"
+        return f"{1 / sec:.1f} ({1 / r[f'seconds_max{suffix}']:.1f}–{1 / r[f'seconds_min{suffix}']:.1f})"
+
+    return {"sampler": r["sampler"], "label": r["label"], "rate": rate(""), "rate_b1": rate("_b1"),
+            "passes": r.get("forward_passes"), "speedup": r.get("speedup"), "same_tokens": r.get("same_tokens"),
+            "ppl": format_interval(o.get("ppl"), o.get("ppl_ci"), ".2f"),
             "in_support": format_interval(o.get("in_support"), o.get("in_support_ci"), ".0f"),
+            "eos": format_interval(o.get("premature_eos%"), o.get("premature_eos%_ci"), ".0f"),
+            "complete": format_interval(o.get("complete"), o.get("complete_ci"), ".0f"),
             "rougeL": format_interval(s.get("rougeL"), s.get("rougeL_ci"), ".1f"),
-            "ok": "–" if exact is None else ("yes" if within_exact(r, exact) else "no")}
+            "ok": "–" if ref is None else ("yes" if within_exact(r, ref) else "no")}
 
 
 def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any]) -> str:
-    exact = {r["sampler"]: r for r in rows if is_exact(r)}
-    table = [_table_row(r, exact.get(r["sampler"])) for r in rows]
+    refs = {r["sampler"]: r for r in _trained(rows) if is_reference(r)}
+    table = [_table_row(r, None if r.get("oracle") else refs.get(REFERENCE_OF.get(r["sampler"], r["sampler"])))
+             for r in rows]
     table.append(_table_row({"sampler": "World (true samples)", "label": "–", **reference}, None))
     n = rows[0]["n"] if rows else 0
-    intro = (f"Speed options on the toy world, alone and combined: {n} held-out prompts ({fc.n_open} open-ended, "
-             f"{fc.n_summarize} summarisation); Block SDE NFE {fc.sde_nfe} per block over {fc.blocks} blocks and "
-             f"whole-response SDE NFE {fc.sde_nfe} (DSL model), block remasking {fc.remask_steps} steps with EOS banned "
-             f"(pretrained MDM); batch {fc.batch_size}; samples per second from the median over {fc.rounds} "
-             f"interleaved round(s) (range in brackets). Cache: R = a full forward every R model calls of a block "
-             f"('never' = only at the block's first call), 'dual' recomputes the current block only, 'prefix' the "
-             f"block and everything after it. bf16 = backbone in bf16 (converter softmax, posterior and SDE state "
-             f"fp32); sparse TOL = sparse converter at that tolerance. Speed-up and same tokens are against the "
-             f"sampler's exact fp32 row; 'within exact' = every 95 % interval overlaps that row's.\n\n")
+    b1 = f" and at batch 1 on the first {fc.batch1_prompts} prompts" if fc.batch1_prompts else ""
+    intro = (f"Every sampler on the toy world: {n} held-out prompts ({fc.n_open} open-ended, {fc.n_summarize} "
+             f"summarisation); DSL model: Block SDE over {fc.blocks} blocks (NFE per block) and whole-response SDE; "
+             f"pretrained MDM: block remasking over {fc.blocks} blocks with EOS banned, fixed-step (default "
+             f"{fc.remask_steps} steps), with confidence threshold tau (at most one step per token) and ReMDM; "
+             f"Oracle rows: the same samplers on the exact denoisers (the ceiling; their time is not a speed figure). "
+             f"Samples per second at batch {fc.batch_size}{b1}, median over {fc.rounds} interleaved round(s) (range "
+             f"in brackets); passes = backbone forward passes of the call that made a response (mean; at batch "
+             f"{fc.batch_size}, a threshold-decoded batch runs each block until its slowest row is done). Cache: R "
+             f"= a full forward every R model calls of a block ('never' = only at the block's first call), 'dual' "
+             f"recomputes the current block only, 'prefix' the block and everything after it. bf16 = backbone in bf16 "
+             f"(converter softmax, posterior and SDE state fp32); sparse TOL = sparse converter at that tolerance. "
+             f"'complete & in-support' = open-ended answers inside the world's support and not cut short. Speed-up "
+             f"and same tokens are against the reference: the sampler's exact fp32 row at its default step count "
+             f"(threshold and ReMDM: exact block remasking); 'within reference' = every 95 % interval overlaps "
+             f"that row's.\n\n")
     recs = "".join(f"- {line}\n" for line in recommendation_lines(rows))
-    return intro + markdown_table(table, COLUMNS) + ("\nRecommended points:\n\n" + recs if recs else "")
+    thr = threshold_line(rows)
+    text = intro + markdown_table(table, COLUMNS)
+    if recs:
+        text += "\nRecommended points:\n\n" + recs + (f"- {thr}\n" if thr else "")
+    if any(_complete(r) is not None for r in rows):
+        text += "\nWhich sampler to pick at each quality level (trained models):\n\n" + level_table(rows) + "\n"
+    return text
 
 
-def plot_frontier(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """One row of panels per sampler: exact PPL (log), in-support % and ROUGE-L (95 % intervals) against samples
-    per second (log; range over rounds); colour = dtype, marker = converter, the exact fp32 interval shaded, the
-    recommended point starred."""
+def plot_frontier(rows: Sequence[dict[str, Any]], path: Path, reference: dict[str, Any] | None = None) -> Path:
+    """One panel per quality metric (complete & in-support %, exact PPL (log), premature EOS %, ROUGE-L; 95 %
+    intervals) against samples per second (log; range over rounds): colour = sampler, filled = exact fp32, hollow =
+    an approximate option; the family recommendations starred; the oracle rows as dashed lines (the ceiling) and the
+    world's own samples dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    samplers = [s for s in SAMPLERS if any(r["sampler"] == s for r in rows)]
-    fig, axes = plt.subplots(len(samplers), len(QUALITY), figsize=(4.2 * len(QUALITY), 3.2 * len(samplers)),
-                             squeeze=False)
-    colors = {"float32": "tab:blue", "bfloat16": "tab:red"}
-    best = {scope: r for scope, r, _ in recommendations(rows)}
-    for i, sampler in enumerate(samplers):
-        mine = [r for r in rows if r["sampler"] == sampler]
-        exact = next((r for r in mine if is_exact(r)), None)
-        for j, (task, key, title) in enumerate(QUALITY):
-            ax = axes[i][j]
-            ref = None if exact is None else _ci(exact, task, key)
-            if ref is not None:
-                ax.axhspan(ref[0], ref[1], color="0.85", zorder=0, label="exact fp32 95 %")
-            for r in mine:
-                y, ci = (r.get(task) or {}).get(key), _ci(r, task, key)
-                if y is None:
-                    continue
-                x = 1 / r["seconds_per_sample"]
-                xerr = [[x - 1 / r["seconds_max"]], [1 / r["seconds_min"] - x]]
-                yerr = None if ci is None else [[max(y - ci[0], 0.0)], [max(ci[1] - y, 0.0)]]
-                marker = "^" if r.get("tolerance") else "o"
-                ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=colors.get(str(r.get("dtype")), "k"),
-                            ms=5, capsize=2, lw=0.8, mfc="none" if r["mode"] != "off" else None)
-                if r is best.get(sampler):
-                    ax.plot([x], [y], "*", ms=16, mfc="none", mec="k", mew=1.2, label="recommended")
-                tag = "" if r["mode"] == "off" else ("∞" if r["refresh"] == 0 else str(r["refresh"]))
-                if tag:
-                    ax.annotate(tag, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-            if key == "ppl":
-                ax.set_yscale("log")
-            ax.set_xscale("log")
-            ax.set_title(f"{sampler}: {title}", fontsize=9)
-            ax.grid(alpha=0.3)
-            if i == len(samplers) - 1:
-                ax.set_xlabel("samples per second")
-        handles = [plt.Line2D([], [], ls="", marker="o", color=colors["float32"], label="fp32"),
-                   plt.Line2D([], [], ls="", marker="o", color=colors["bfloat16"], label="bf16"),
-                   plt.Line2D([], [], ls="", marker="^", color="0.3", label="sparse converter"),
-                   plt.Line2D([], [], ls="", marker="o", mfc="none", color="0.3", label="KV cache (R beside)"),
-                   plt.Line2D([], [], ls="", marker="*", ms=12, mfc="none", mec="k", label="recommended")]
-        axes[i][0].legend(handles=handles, fontsize=6, frameon=False)
-    fig.suptitle("Toy world: speed options, quality (95 % intervals) vs samples per second; shaded = exact fp32",
-                 fontsize=10)
+    panels = (("open", "complete", "complete & in-support %"), ("open", "ppl", "open-ended exact PPL"),
+              ("open", "premature_eos%", "premature EOS %"), ("summarize", "rougeL", "summarisation ROUGE-L"))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
+    colors = dict(zip(SAMPLERS, ("tab:blue", "tab:cyan", "tab:red", "tab:orange", "tab:purple")))
+    starred = {id(r) for scope, r, _ in recommendations(rows) if scope in FAMILIES}
+    trained = _trained(rows)
+    for ax, (task, key, title) in zip(axes.flat, panels):
+        for r in trained:
+            y, ci = (r.get(task) or {}).get(key), _ci(r, task, key)
+            if y is None:
+                continue
+            x = 1 / r["seconds_per_sample"]
+            xerr = [[x - 1 / r["seconds_max"]], [1 / r["seconds_min"] - x]]
+            yerr = None if ci is None else [[max(y - ci[0], 0.0)], [max(ci[1] - y, 0.0)]]
+            c = colors.get(r["sampler"], "k")
+            ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=c, ms=5, capsize=2, lw=0.7,
+                        mfc=c if is_exact(r) else "none")
+            if id(r) in starred:
+                ax.plot([x], [y], "*", ms=16, mfc="none", mec="k", mew=1.2)
+        for r in rows:
+            y = (r.get(task) or {}).get(key)
+            if r.get("oracle") and y is not None:
+                ax.axhline(y, ls="--", lw=0.8, color=colors.get(r["sampler"].removeprefix("Oracle "), "k"), alpha=0.6)
+        world = ((reference or {}).get(task) or {}).get(key)
+        if world is not None:
+            ax.axhline(world, ls=":", lw=1.2, color="k")
+        if key == "ppl":
+            ax.set_yscale("log")
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("samples per second (batch of the table)", fontsize=8)
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=s) for s, c in colors.items()
+               if any(r["sampler"] == s for r in trained)]
+    handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", color="0.3", label="approximate (cache/bf16/sparse)"),
+                plt.Line2D([], [], ls="", marker="*", ms=12, mfc="none", mec="k", label="family's recommended point"),
+                plt.Line2D([], [], ls="--", color="0.3", label="oracle (exact denoiser)"),
+                plt.Line2D([], [], ls=":", color="k", label="world's own samples")]
+    axes[0][0].legend(handles=handles, fontsize=6, frameon=False)
+    fig.suptitle("Toy world: exact quality (95 % intervals) against samples per second, every sampler", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)
 
 
 def write_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
-    """OUT/frontier.md (the table and the recommended points) and OUT/frontier.png."""
+    """OUT/frontier.md (the table, the recommended points, the per-level picks) and OUT/frontier.png."""
     out = Path(out)
     atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
-    plot_frontier(rows, out / "frontier.png")
+    plot_frontier(rows, out / "frontier.png", reference)
