@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dsl_llada.eval.report import markdown_table, pivot
-from dsl_llada.stats import bootstrap_ratio, compare_difference, format_interval, paired_difference, separated
+from dsl_llada.stats import bootstrap_ratio, format_interval, paired_permutation_test, separated, verdict_from_test
 from dsl_llada.toy.evaluate import aggregate
 from dsl_llada.toy.verdicts import verdict_lines, verdicts
 
@@ -38,13 +38,12 @@ def test_bad_input_is_refused(bad):
         bootstrap_ratio(**bad)
 
 
-def test_a_verdict_needs_the_difference_interval_to_exclude_zero():
-    assert compare_difference((-2, -1), lower_is_better=True) == "reproduced"
-    assert compare_difference((-2, -1), lower_is_better=False) == "contradicted"
-    assert compare_difference((1, 2), lower_is_better=True) == "contradicted"
-    assert compare_difference((-1, 0.5), lower_is_better=True) == "inconclusive"
-    assert compare_difference((0.0, 0.0), lower_is_better=True) == "inconclusive"
-    assert compare_difference(None, lower_is_better=True) == "inconclusive"
+def test_a_verdict_needs_a_significant_paired_test():
+    assert verdict_from_test(-1.0, 0.01, lower_is_better=True) == "reproduced"
+    assert verdict_from_test(-1.0, 0.01, lower_is_better=False) == "contradicted"
+    assert verdict_from_test(1.0, 0.01, lower_is_better=True) == "contradicted"
+    assert verdict_from_test(-1.0, 0.05, lower_is_better=True) == "inconclusive"  # p must be below alpha
+    assert verdict_from_test(0.0, 0.0001, lower_is_better=True) == "inconclusive"
     assert separated((5, 6), (1, 4)) and not separated((1, 4), (4, 6)) and not separated(None, (1, 2))
     assert format_interval(12.345, (11.0, 13.9)) == "12.35 [11.00, 13.90]"
     assert format_interval(None, None) == "–" and format_interval(1.0, None, ".1f") == "1.0"
@@ -86,25 +85,30 @@ def test_overlapping_intervals_are_inconclusive_and_seeds_give_a_spread():
     assert r["n_prompts"] == 6 and r["n"] == 18 and len(r["ppl_seeds"]) == 3
 
 
-def test_the_paired_interval_cancels_what_both_methods_share():
+def test_the_paired_test_cancels_what_both_methods_share_and_respects_rare_events():
     """Prompts differ a lot (0..50) and method a is lower by 1 on every prompt: separate intervals overlap, the
-    paired difference is exactly -1 in every resample."""
+    paired test is decisive. Four prompts with an event against none: p = 2/16 (exact), not significant."""
     base = np.arange(50, dtype=float)
     ones = np.ones(50)
     a, b = (base - 1.0, ones), (base, ones)
     assert not separated(bootstrap_ratio(*a), bootstrap_ratio(*b))
-    assert paired_difference(a, b) == pytest.approx((-1.0, -1.0))
-    noisy = (base - 1.0 + np.random.default_rng(3).normal(0, 0.5, 50), ones)
-    lo, hi = paired_difference(noisy, b)
-    assert lo < -1.0 + 0.5 and hi > -1.0 - 0.5 and hi < 0  # the noise widens it; it still excludes 0
-    assert paired_difference(noisy, b) == (lo, hi) and paired_difference(noisy, b, seed=1) != (lo, hi)
+    diff, p = paired_permutation_test(a, b)
+    assert diff == pytest.approx(-1.0) and p < 1e-3
+    assert paired_permutation_test(a, b) == (diff, p)  # fixed seed
+    rare = np.zeros(48)
+    rare[:4] = 1.0
+    diff, p = paired_permutation_test((rare, np.ones(48)), (np.zeros(48), np.ones(48)), permutations=20_000)
+    assert diff == pytest.approx(4 / 48) and p == pytest.approx(2 / 16, abs=0.01)
+    assert paired_permutation_test((rare, np.ones(48)), (np.zeros(48), np.ones(48)), seed=1)[1] != p  # seed used
+    same = paired_permutation_test((base, ones), (base, ones))
+    assert same == (0.0, 1.0)  # identical methods: every swap is as extreme
     with pytest.raises(ValueError, match="four equally long"):
-        paired_difference((base, ones), (base[:3], ones[:3]))
+        paired_permutation_test((base, ones), (base[:3], ones[:3]))
 
 
 def test_paired_verdicts_judge_methods_that_differ_by_a_shift_per_prompt():
     """Prompt-level NLL varies widely; DSL-SDE is 0.05 nats/token lower on each prompt. The rows' own intervals
-    overlap, the paired difference says reproduced; swapped roles say contradicted."""
+    overlap, the paired test says reproduced; swapped roles say contradicted."""
     def recs(method, shift):
         return [{"method": method, "task": "open", "nfe": 8, "index": i, "nll_sum": 4 * (1.0 + 0.1 * i + shift),
                  "n_tokens": 4, "in_support": 1.0, "rep": 0.0, "len": 3, "output": f"w{i}", "forward_passes": 8,
@@ -115,7 +119,7 @@ def test_paired_verdicts_judge_methods_that_differ_by_a_shift_per_prompt():
     by = {r["method"]: r for r in rows}
     assert not separated(by["DSL-SDE"]["ppl_ci"], by["LLaDA"]["ppl_ci"])
     v = next(v for v in verdicts(rows, records) if v["metric"] == "ppl")
-    assert v["verdict"] == "reproduced" and v["difference_ci"] == pytest.approx((-0.05, -0.05))
+    assert v["verdict"] == "reproduced" and v["difference"] == pytest.approx(-0.05) and v["p"] < 1e-3
     swapped = [{**r, "method": {"DSL-SDE": "LLaDA", "LLaDA": "DSL-SDE"}[r["method"]]} for r in records]
     assert next(v for v in verdicts(aggregate(swapped), swapped) if v["metric"] == "ppl")["verdict"] == "contradicted"
-    assert "paired NLL/token [-0.05, -0.05] -> **reproduced**" in "\n".join(verdict_lines(verdicts(rows, records)))
+    assert "; paired NLL/token -0.05, p = 0.0001 -> **reproduced**" in "\n".join(verdict_lines(verdicts(rows, records)))

@@ -49,8 +49,9 @@ def render_report(demo: Demo, records, rows, fixclean, models, floors: Any = ())
                                          ("d2", "D2 %", ".1f"), ("len", "Len", ".1f")]), "",
         "Each value is followed by its 95 % bootstrap interval (prompts resampled, fixed seed; "
         f"{cfg.sample_seeds} sampling seed(s) per prompt). Both methods of a claim sample the same prompts, so a claim "
-        "is judged on the paired difference (better - worse; NLL per token for perplexity): reproduced when its 95 % "
-        "interval lies on the claimed side of 0, contradicted when on the other side, inconclusive when it holds 0.",
+        "is judged by a paired permutation test of the difference (better - worse; NLL per token for perplexity; "
+        "labels swapped at random within each prompt): reproduced when p < 0.05 on the claimed side, contradicted "
+        "when p < 0.05 on the other side, inconclusive otherwise.",
         "",
         "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows, records)), "",
         "## Open-ended generation: exact perplexity (lower is better)", "", pivot(open_rows, "ppl"), "",

@@ -1,9 +1,9 @@
 """Which of the paper's claims the demo reproduces. Both methods of a claim sample the same held-out prompts, so a
-claim is judged on the paired difference: the 95 % bootstrap interval of (better - worse) over prompt resamples
-that draw the same prompts for both methods. A claim is *reproduced* at an NFE when that interval lies entirely on
-the claimed side of 0, *contradicted* when it lies entirely on the other side, and *inconclusive* when it holds 0.
-Perplexity is compared as the difference of NLL per token (log perplexity: the same sign as the perplexity
-difference)."""
+claim is judged by a paired test: the difference (better - worse) against its distribution when the two methods'
+labels are swapped at random within each prompt (`stats.paired_permutation_test`). A claim is *reproduced* at an
+NFE when p < 0.05 and the difference is on the claimed side, *contradicted* when p < 0.05 on the other side, and
+*inconclusive* otherwise. Perplexity is compared as the difference of NLL per token (log perplexity: the same sign
+as the perplexity difference)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..stats import compare_difference, format_interval, paired_difference
+from ..stats import format_interval, paired_permutation_test, verdict_from_test
 from .evaluate import clusters, metric_sums
 
 
@@ -42,14 +42,15 @@ ORACLE = "Oracle "
 its two methods, the same samplers with the exact denoiser in place of the trained models."""
 
 
-def paired_interval(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], metric: str) -> tuple[float, float] | None:
-    """95 % interval of metric(a) - metric(b) over resamples of the prompts both sets of records cover (None when they
-    share none). 'ppl' gives the difference of NLL per token."""
+def paired_test(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], metric: str) -> tuple[float, float] | None:
+    """(metric(a) - metric(b), two-sided p) over the prompts both sets of records cover, a prompt's samples under
+    several seeds kept together (None when they share none). 'ppl' gives the difference of NLL per token."""
     ca, cb = clusters(a), clusters(b)
     shared = sorted(set(ca) & set(cb))
     if not shared:
         return None
-    return paired_difference(metric_sums([ca[i] for i in shared], metric), metric_sums([cb[i] for i in shared], metric))
+    return paired_permutation_test(metric_sums([ca[i] for i in shared], metric),
+                                   metric_sums([cb[i] for i in shared], metric))
 
 
 def verdicts(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]],
@@ -67,16 +68,18 @@ def verdicts(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]],
             a, b = cell.get((c.task, better, nfe)), cell.get((c.task, worse, nfe))
             if a is None or b is None or a.get(c.metric) is None or b.get(c.metric) is None:
                 continue
-            diff = paired_interval(recs.get((c.task, better, nfe), []), recs.get((c.task, worse, nfe), []), c.metric)
+            test = paired_test(recs.get((c.task, better, nfe), []), recs.get((c.task, worse, nfe), []), c.metric)
+            verdict = "inconclusive" if test is None else verdict_from_test(*test, lower_is_better=c.lower_is_better)
             out.append({"claim": c.text, "nfe": nfe, "metric": c.metric, "better": better, "worse": worse,
                         "value_better": a[c.metric], "ci_better": a.get(f"{c.metric}_ci"),
-                        "value_worse": b[c.metric], "ci_worse": b.get(f"{c.metric}_ci"), "difference_ci": diff,
-                        "verdict": compare_difference(diff, lower_is_better=c.lower_is_better), "spec": c.spec})
+                        "value_worse": b[c.metric], "ci_worse": b.get(f"{c.metric}_ci"),
+                        "difference": None if test is None else test[0], "p": None if test is None else test[1],
+                        "verdict": verdict, "spec": c.spec})
     return out
 
 
 def verdict_lines(vs: Sequence[dict[str, Any]]) -> list[str]:
-    """Markdown bullet lines: the claim, then per NFE both values with intervals, the paired difference's interval
+    """Markdown bullet lines: the claim, then per NFE both values with intervals, the paired difference with its p
     and the verdict."""
     lines: list[str] = []
     for claim in dict.fromkeys(v["claim"] for v in vs):
@@ -84,8 +87,7 @@ def verdict_lines(vs: Sequence[dict[str, Any]]) -> list[str]:
         for v in (v for v in vs if v["claim"] == claim):
             a = format_interval(v["value_better"], tuple(v["ci_better"]) if v["ci_better"] else None, v["spec"])
             b = format_interval(v["value_worse"], tuple(v["ci_worse"]) if v["ci_worse"] else None, v["spec"])
-            d = v["difference_ci"]
             what = "NLL/token" if v["metric"] == "ppl" else "difference"
-            diff = "" if d is None else f"; paired {what} [{d[0]:+.2f}, {d[1]:+.2f}]"
+            diff = "" if v["p"] is None else f"; paired {what} {v['difference']:+.2f}, p = {v['p']:.2g}"
             lines.append(f"  - NFE {v['nfe']}: {v['better']} {a} vs {v['worse']} {b}{diff} -> **{v['verdict']}**")
     return lines
