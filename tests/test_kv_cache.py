@@ -207,7 +207,7 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     table = (out / "frontier.md").read_text()
     main_table = table.split("Which sampler to pick")[0]
     assert main_table.count("\n| ") == 1 + 16 + 1  # header, the variants, the world's own samples
-    assert table.count("\n| >= ") == 4  # one line per quality level
+    assert table.count("\n| >= ") == 8  # one line per quality level, open-ended and summarisation
     assert "| Block remasking | dual, R=2, bf16 |" in table and "| World (true samples) |" in table
     assert "Recommended points:" in table and "- DSL model (any SDE): recommended " in table
     assert (out / "frontier.png").stat().st_size > 10_000
@@ -317,6 +317,10 @@ def test_frontier_recommends_the_fastest_point_within_exact_intervals():
     assert recommendations([exact, fastest_bad_ppl])[0][1] is exact
 
 
+def oracle_free_fastest(rows):
+    return min((r for r in rows if not r.get("oracle")), key=lambda r: r["seconds_per_sample"])
+
+
 def test_threshold_speedup_family_reference_and_quality_levels():
     from dsl_llada.toy.frontier_report import level_rows, recommendations, threshold_line
 
@@ -343,14 +347,18 @@ def test_threshold_speedup_family_reference_and_quality_levels():
     assert recs["Threshold remasking"] == ("tau=0.7, R=1 (exact)", "R=1 (exact)")  # against fixed-step exact
     assert recs["DSL model (any SDE)"] == ("R=1 (exact)", "NFE 64, R=1 (exact)")  # the reference: largest NFE
     line = threshold_line(rows)
-    assert line.startswith("Threshold decoding at equal exact quality (both within exact block remasking at 32 steps)")
-    assert "fixed-step [16 steps, R=1 (exact)] 2.0, **2.00x**" in line  # 0.5 s against 0.25 s, batch 8
-    assert "batch 1: tau=0.7, R=1 (exact) 2.5 samples/s against fixed-step [16 steps, R=1 (exact)] 1.0, **2.50x**" in line
-    assert "9.0 forward passes per response against 32" in line
+    assert line.startswith("Threshold decoding at equal exact quality (within exact block remasking at 32 steps)")
+    # 0.5 s against 0.25 s at the quality batch; 1.0 s against 0.4 s at batch 1
+    assert ("both exact fp32 without a cache, quality batch: [tau=0.7, R=1 (exact)] 4.0 samples/s against fixed-step "
+            "[16 steps, R=1 (exact)] 2.0, **2.00x**") in line
+    assert "without a cache, batch 1: [tau=0.7, R=1 (exact)] 2.5 samples/s against fixed-step [16 steps, R=1 " in line
+    assert "9.0 forward passes per response at [tau=0.7, R=1 (exact)] against 32" in line
     levels = {e["level"]: e for e in level_rows(rows)}
     assert levels[90.0]["b8"] is None  # only the oracle reaches 90 %, and the oracle is never picked
     assert levels[75.0]["b8"] is thr and levels[75.0]["b1"] is thr
     assert levels[25.0]["b8"] is thr_bad and levels[25.0]["b1"] is thr_bad
+    rouge = {e["level"]: e["b8"] for e in level_rows(rows, "summarize", "rougeL", (45.0, 60.0))}
+    assert rouge == {45.0: oracle_free_fastest(rows), 60.0: None}
     assert threshold_line([ref, few]) is None  # no threshold row: no line
 
 

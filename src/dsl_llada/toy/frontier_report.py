@@ -9,8 +9,8 @@ EOS %, summarisation ROUGE-L: 95 % bootstrap intervals over prompts) overlaps th
   expensive exact fp32 setting (whole-response SDE at the largest NFE measured; block remasking at the most steps);
 - threshold decoding against fixed-step remasking at equal exact quality: the fastest of each within the
   remasking family's reference.
-Per quality level (the share of open-ended answers that are complete and inside the world's support): the fastest
-row of the trained models that reaches it. Oracle rows are the ceiling: quality only, never recommended.
+Per quality level (the share of open-ended answers that are complete and inside the world's support; summarisation
+ROUGE-L): the fastest row of the trained models that reaches it. Oracle rows are the ceiling: quality only, never recommended.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from .cache_frontier import FAMILIES, REFERENCE_OF, SAMPLERS, FrontierConfig, is
 QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"),
            ("open", "premature_eos%", "premature EOS %"), ("summarize", "rougeL", "ROUGE-L"))
 """(task, metric, name) whose intervals must overlap a reference's for a row to be within it."""
-LEVELS = (90.0, 75.0, 50.0, 25.0)
-"""Quality levels of the per-level pick: % of open-ended answers complete (no premature EOS) and in support."""
 
 
 def _ci(row: dict[str, Any], task: str, key: str) -> tuple[float, float] | None:
@@ -112,46 +110,52 @@ def recommendation_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _fastest(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    timed = [r for r in rows if r.get(key)]
+    return min(timed, key=lambda r: r[key]) if timed else None
+
+
 def threshold_line(rows: Sequence[dict[str, Any]]) -> str | None:
-    """Threshold decoding against fixed-step remasking at equal exact quality (None without both)."""
+    """Threshold decoding against fixed-step remasking at equal exact quality: among the rows within exact block
+    remasking's reference, the fastest of each kind, with the same speed options (both exact fp32, no cache) and
+    with any; at the quality batch and at batch 1 (None without a threshold row and a fixed-step row within)."""
     ref = family_reference(rows, ("Block remasking",))
     if ref is None:
         return None
-    trained = _trained(rows)
-    thr = [r for r in trained if r["sampler"] == "Threshold remasking" and within_exact(r, ref)]
-    fixed = [r for r in trained if r["sampler"] == "Block remasking" and within_exact(r, ref)]
-    if not thr or not fixed:
-        return None
+    within = [r for r in _trained(rows) if within_exact(r, ref)]
+    thr = [r for r in within if r["sampler"] == "Threshold remasking"]
+    fixed = [r for r in within if r["sampler"] == "Block remasking"]
     parts = []
-    for key, name in (("seconds_per_sample", "batch 8"), ("seconds_per_sample_b1", "batch 1")):
-        t = [r for r in thr if r.get(key)]
-        f = [r for r in fixed if r.get(key)]
-        if t and f:
-            bt, bf = min(t, key=lambda r: r[key]), min(f, key=lambda r: r[key])
-            parts.append(f"{name}: {bt['label']} {_rate(bt, key)} samples/s against fixed-step [{bf['label']}] "
-                         f"{_rate(bf, key)}, **{bf[key] / bt[key]:.2f}x**")
+    for scope, keep in (("both exact fp32 without a cache", is_exact), ("any speed options", lambda r: True)):
+        for key, name in (("seconds_per_sample", "quality batch"), ("seconds_per_sample_b1", "batch 1")):
+            bt = _fastest([r for r in thr if keep(r)], key)
+            bf = _fastest([r for r in fixed if keep(r)], key)
+            if bt is not None and bf is not None:
+                parts.append(f"{scope}, {name}: [{bt['label']}] {_rate(bt, key)} samples/s against fixed-step "
+                             f"[{bf['label']}] {_rate(bf, key)}, **{bf[key] / bt[key]:.2f}x**")
+    if not parts:
+        return None
     best = min(thr, key=lambda r: r["seconds_per_sample"])
-    passes = f"; {best['forward_passes']:.1f} forward passes per response against {ref['budget']}" \
-        if best.get("forward_passes") is not None else ""
-    return ("Threshold decoding at equal exact quality (both within exact block remasking at "
+    passes = f"; {best['forward_passes']:.1f} forward passes per response at [{best['label']}] against " \
+             f"{ref['budget']}" if best.get("forward_passes") is not None else ""
+    return ("Threshold decoding at equal exact quality (within exact block remasking at "
             f"{ref['budget']} steps): " + "; ".join(parts) + passes)
 
 
-def _complete(r: dict[str, Any]) -> float | None:
-    return (r.get("open") or {}).get("complete")
+LEVEL_METRICS = (("open", "complete", "complete & in-support open-ended answers %", (90.0, 75.0, 50.0, 25.0)),
+                 ("summarize", "rougeL", "summarisation ROUGE-L", (90.0, 75.0, 60.0, 50.0)))
+"""(task, metric, name, levels) of the per-level picks: higher is better for both."""
 
 
-def level_rows(rows: Sequence[dict[str, Any]], levels: Sequence[float] = LEVELS) -> list[dict[str, Any]]:
-    """Per quality level: the fastest trained row (batch 8, and batch 1 when timed) whose share of complete
-    in-support open-ended answers reaches it."""
+def level_rows(rows: Sequence[dict[str, Any]], task: str = "open", key: str = "complete",
+               levels: Sequence[float] = LEVEL_METRICS[0][3]) -> list[dict[str, Any]]:
+    """Per quality level: the fastest trained row (quality batch, and batch 1 when timed) whose `task` `key` reaches
+    it."""
     out = []
     for level in levels:
-        ok = [r for r in _trained(rows) if (_complete(r) or 0.0) >= level]
-        entry: dict[str, Any] = {"level": level}
-        for key, name in (("seconds_per_sample", "b8"), ("seconds_per_sample_b1", "b1")):
-            timed = [r for r in ok if r.get(key)]
-            entry[name] = min(timed, key=lambda r: r[key]) if timed else None
-        out.append(entry)
+        ok = [r for r in _trained(rows) if ((r.get(task) or {}).get(key) or 0.0) >= level]
+        out.append({"level": level, "b8": _fastest(ok, "seconds_per_sample"),
+                    "b1": _fastest(ok, "seconds_per_sample_b1")})
     return out
 
 
@@ -159,15 +163,20 @@ def _pick(r: dict[str, Any] | None, key: str) -> str:
     if r is None:
         return "none reaches it"
     o, s = r.get("open") or {}, r.get("summarize") or {}
-    return (f"{r['sampler']} [{r['label']}]: {_rate(r, key)}/s, complete {format_interval(o.get('complete'), o.get('complete_ci'), '.0f')}"
-            f", PPL {o.get('ppl', float('nan')):.2f}, ROUGE-L {s.get('rougeL', float('nan')):.1f}")
+    return (f"{r['sampler']} [{r['label']}]: {_rate(r, key)}/s; complete "
+            f"{format_interval(o.get('complete'), o.get('complete_ci'), '.0f')} %, PPL {o.get('ppl', float('nan')):.2f}, "
+            f"ROUGE-L {format_interval(s.get('rougeL'), s.get('rougeL_ci'), '.1f')}")
 
 
-def level_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| complete & in-support answers | fastest at batch 8 | fastest at batch 1 |", "|---|---|---|"]
-    for e in level_rows(rows):
-        lines.append(f"| >= {e['level']:.0f} % | {_pick(e['b8'], 'seconds_per_sample')} | "
-                     f"{_pick(e['b1'], 'seconds_per_sample_b1')} |")
+def level_table(rows: Sequence[dict[str, Any]], fc: FrontierConfig | None = None) -> str:
+    batch = f"batch {fc.batch_size}" if fc is not None else "the quality batch"
+    lines = []
+    for task, key, name, levels in LEVEL_METRICS:
+        lines += [f"| {name} | fastest at {batch} | fastest at batch 1 |", "|---|---|---|"]
+        for e in level_rows(rows, task, key, levels):
+            lines.append(f"| >= {e['level']:.0f} | {_pick(e['b8'], 'seconds_per_sample')} | "
+                         f"{_pick(e['b1'], 'seconds_per_sample_b1')} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -225,8 +234,9 @@ def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, referenc
     text = intro + markdown_table(table, COLUMNS)
     if recs:
         text += "\nRecommended points:\n\n" + recs + (f"- {thr}\n" if thr else "")
-    if any(_complete(r) is not None for r in rows):
-        text += "\nWhich sampler to pick at each quality level (trained models):\n\n" + level_table(rows) + "\n"
+    if any((r.get("open") or {}).get("complete") is not None for r in rows):
+        text += ("\nWhich sampler to pick at each quality level (trained models; the fastest row that reaches it, "
+                 "so rows whose speed ranges overlap are as good a pick):\n\n" + level_table(rows, fc))
     return text
 
 
