@@ -251,7 +251,7 @@ def parse_args(ap, *, threads_default: int | None = None, device: str | None = N
 
 def subcommand_parser(doc: str, subcommands: dict[str, ModuleType]) -> argparse.ArgumentParser:
     """The parser of a script with one subcommand per measurement: each module of `subcommands` gives its help (its
-    docstring), its options (`add_args(parser)`), its `--threads` default (`THREADS_DEFAULT`, else the CPUs this
+    docstring), its options (`add_args(parser)`; `--threads N` is added where it has none, default the CPUs this
     process may use) and its `run(args)`."""
     raw = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(description=doc, formatter_class=raw)
@@ -261,7 +261,7 @@ def subcommand_parser(doc: str, subcommands: dict[str, ModuleType]) -> argparse.
         p = sub.add_parser(name, help=" ".join(doc_.split("\n\n")[0].split()), description=doc_, formatter_class=raw)
         mod.add_args(p)
         if "--threads" not in p._option_string_actions:
-            add_threads_arg(p, getattr(mod, "THREADS_DEFAULT", None))
+            add_threads_arg(p)
         p.set_defaults(run=mod.run, parser=p)
     return ap
 
