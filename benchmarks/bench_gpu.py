@@ -32,8 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from benchlib import block_flops_per_token, call_flops, clock, parse_args, run_environment, sync
-from bench_sampling import PRESETS
+from benchlib import PRESETS, block_flops_per_token, call_flops, clock, parse_args, run_environment, sync
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig

@@ -1,15 +1,19 @@
 """The benchmarks' one harness: the LLaDA-shaped benchmark model and prompts, timing (`clock`, `interleave`: every
 variant once per round in rotating order, median and spread), the environment record every result carries
-(`parse_args`, `run_environment`), JSON results (`write_json`) and the docs/benchmarks.md sections
-(`write_section`)."""
+(`parse_args`, `run_environment`), the scripts' subcommands (`run_subcommands`), JSON results (`write_json`) and the
+docs/benchmarks.md sections (`write_section`)."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 import re
+import shlex
+import sys
 import statistics
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import torch
@@ -21,6 +25,13 @@ from dsl_llada.sampling.common import PromptBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
+
+PRESETS = {
+    # LLaDA-shaped (SwiGLU, RMSNorm, RoPE, untied head, MHA), small enough for a 2-core CPU.
+    "small": dict(d_model=512, n_layers=8, n_heads=8, mlp_hidden_size=1376, vocab_size=4096),
+    # LLaDA-8B-Instruct's shape (config.json), random weights; GPU only.
+    "8b": dict(d_model=4096, n_layers=32, n_heads=32, mlp_hidden_size=12288, vocab_size=126464),
+}
 
 
 def llada_shaped(vocab: int = 32768, d_model: int = 256, n_layers: int = 4, n_heads: int = 4, noise_dim: int = 100,
@@ -49,7 +60,7 @@ def random_prompts(model: DSLModel, batch: int, length: int, seed: int = 1, devi
 
 
 def sde_call_inputs(model: DSLModel, prompt: int = 128, response: int = 128, nfe: int = 16):
-    """The per-call benchmarks' inputs (bench_roofline, bench_percall): prompts, the unit noise embedding E, the SDE
+    """The per-call benchmarks' inputs (`bench_percall.py roofline` and `parts`): prompts, the unit noise embedding E, the SDE
     config, its inference beta, the SNR grid of its schedule, and ids = prompt + seeded response tokens (1, P + L)."""
     from dsl_llada.config import SDEConfig
     from dsl_llada.sampling.sde import inference_beta
@@ -80,10 +91,10 @@ def med_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
-def median_time(fn: Callable[[], object], reps: int) -> float:
-    """Median wall time of `reps` calls after one untimed warm-up call (CPU)."""
+def median_time(fn: Callable[[], object], reps: int, device: str = "cpu") -> float:
+    """Median wall time of `reps` calls after one untimed warm-up call (device synchronised around each)."""
     fn()
-    return statistics.median(clock(fn) for _ in range(reps))
+    return statistics.median(clock(fn, device) for _ in range(reps))
 
 
 def interleave(variants: dict[str, Callable[[], object]], rounds: int, device: str = "cpu",
@@ -120,12 +131,22 @@ def write_json(path: str | Path | None, result: dict) -> None:
     import json
     import sys
 
+    full = {**result, "environment": run_environment(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    write_text(path, json.dumps(full, indent=1) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` whole (a temporary file renamed over it), creating its folder."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    full = {**result, "environment": run_environment(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(full, indent=1) + "\n")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)
+
+
+def command_line() -> str:
+    """This run's command as a user retypes it: `python benchmarks/SCRIPT ARGS...`."""
+    return shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 
 def matmul_peak_fp32(reps: int) -> float:
@@ -148,6 +169,33 @@ def block_flops_per_token(d_model: int, mlp_hidden: int, seq_len: int, n_kv_head
 def block_flops(T: int, H: int, F_: int, layers: int, n_heads: int, n_kv: int) -> float:
     """FLOPs of `layers` LLaDA blocks over T tokens (block_flops_per_token, grouped-query aware)."""
     return layers * T * block_flops_per_token(H, F_, T, n_kv * (H // n_heads))
+
+
+def sde_call_work(model: DSLModel, prompt: int, response: int, top_m: int) -> dict[str, float]:
+    """FLOPs of the work one SDE denoiser call needs at batch 1 on the benchmark model: the converter's slot logits
+    and dense value product over V+1 slots, the blocks over prompt + response, the head on the response rows and
+    the top-M weighted sum of noise rows."""
+    cfg = model.backbone.cfg
+    T, L, V, H, d = prompt + response, response, model.vocab_size, cfg.d_model, model.noise_dim
+    return {"slot": 2 * L * d * (V + 1), "values": 2 * L * (V + 1) * H,
+            "blocks": block_flops(T, H, cfg.ffn_hidden, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads),
+            "head": 2 * L * H * V, "posterior": 2 * L * top_m * d}
+
+
+def blocks_and_head_times(model: DSLModel, ids: torch.Tensor, z: torch.Tensor, beta: float, E: torch.Tensor,
+                          prompt: int, reps: int) -> tuple[float, float, torch.Tensor]:
+    """Median times of the backbone blocks alone over `ids` (response states from `z`) and of the final norm + head
+    on `response` random hidden rows, and those normed rows."""
+    import torch.nn.functional as F
+
+    bb = model.backbone
+    T = ids.shape[1]
+    h_in = model.embed_inputs(ids, z, torch.arange(T)[None] >= prompt, beta=beta, E=E)
+    t_blocks = median_time(lambda: bb(h_in, positions=slice(T, T)), reps)  # no rows: the blocks only
+    hidden = torch.randn(1, T - prompt, bb.cfg.d_model)
+    ln_f, head_w = bb.model.transformer.ln_f, bb.model.transformer.ff_out.weight
+    t_head = median_time(lambda: F.linear(ln_f(hidden), head_w), reps)
+    return t_blocks, t_head, ln_f(hidden)
 
 
 def call_flops(*, d_model: int, n_layers: int, mlp_hidden: int, vocab: int, prompt: int, response: int,
@@ -186,16 +234,93 @@ def bench_environment(threads: int | None = None, *, device: str | None = None, 
 _RUN_ENV: dict | None = None
 
 
-def parse_args(ap, *, threads_default: int | None = None, device: str | None = None):
-    """`ap.parse_args()` with `--threads N` added (when the script has none), the threads set, and this run's
-    environment record captured for `run_environment()` / the note `write_section` appends."""
+def parse_args(ap, *, threads_default: int | None = None, device: str | None = None, argv: list[str] | None = None):
+    """`ap.parse_args(argv)` with `--threads N` added (when the script, or each of its subcommands, has none), the
+    threads set, and this run's environment record captured for `run_environment()` / the note `write_section`
+    appends."""
     global _RUN_ENV
-    if "--threads" not in ap._option_string_actions:
-        add_threads_arg(ap, threads_default)
-    a = ap.parse_args()
+    subparsers = [x for x in ap._actions if isinstance(x, argparse._SubParsersAction)]
+    for p in [sp for x in subparsers for sp in x.choices.values()] if subparsers else [ap]:
+        if "--threads" not in p._option_string_actions:
+            add_threads_arg(p, threads_default)
+    a = ap.parse_args(argv)
     _RUN_ENV = bench_environment(a.threads, device=getattr(a, "device", None) or device,
                                  dtype=getattr(a, "dtype", None))
     return a
+
+
+def subcommand_parser(doc: str, subcommands: dict[str, ModuleType]) -> argparse.ArgumentParser:
+    """The parser of a script with one subcommand per measurement: each module of `subcommands` gives its help (its
+    docstring), its options (`add_args(parser)`; `--threads N` is added where it has none, default the CPUs this
+    process may use) and its `run(args)`."""
+    raw = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(description=doc, formatter_class=raw)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    for name, mod in subcommands.items():
+        doc_ = mod.__doc__ or name
+        p = sub.add_parser(name, help=" ".join(doc_.split("\n\n")[0].split()), description=doc_, formatter_class=raw)
+        mod.add_args(p)
+        if "--threads" not in p._option_string_actions:
+            add_threads_arg(p)
+        p.set_defaults(run=mod.run, parser=p)
+    return ap
+
+
+def run_subcommands(doc: str, subcommands: dict[str, ModuleType], argv: list[str] | None = None) -> int:
+    """Parse the command line (`parse_args`: threads set, environment record captured) and run the subcommand it
+    names; its exit status (None = 0)."""
+    a = parse_args(subcommand_parser(doc, subcommands), argv=argv)
+    return a.run(a) or 0
+
+
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (Linux: VmRSS, VmHWM, ...)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux: VmHWM via /proc/self/clear_refs), so a later reading is the peak of
+    what ran since; False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """VmHWM from /proc/self/status (honours `reset_peak_rss`), else getrusage's lifetime peak."""
+    import resource
+
+    try:
+        return status_kib("VmHWM") / 1024
+    except (OSError, RuntimeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def demo_checkpoints(demo, train, demo_dir: str | Path) -> tuple:
+    """(base, dsl): a `dsl-llada demo` folder's pretrained model (shipped with the package, or cached) and its
+    DSL-adapted model from the cache, in eval mode. Nothing is trained here: a stage the cache lacks is one error
+    naming the folder and the command that makes it (exit 2)."""
+    cached = demo._cached
+
+    def cached_only(name: str, key: dict):
+        path, hit = cached(name, key)
+        if not hit:
+            print(f"error: no cached {name} stage under {demo.cache} (looked for {path.name}); run "
+                  f"`dsl-llada demo {'--quick ' if demo.cfg.quick else ''}--out {demo_dir}` first", file=sys.stderr)
+            raise SystemExit(2)
+        return path, hit
+
+    demo._cached = cached_only  # this instance only
+    try:
+        base = demo.pretrained(train).eval()
+        return base, demo.adapted(base, train, "dsl").eval()
+    finally:
+        del demo._cached
 
 
 def run_environment() -> dict:

@@ -4,27 +4,22 @@ On a GPU run it as `--device cuda --dtype bfloat16` (bf16 backbone and converter
 and optionally `--compile` (SDEConfig.compile: torch.compile of the denoiser's backbone; the first batch then
 includes compilation, so a warm-up batch is run first). On a 2-core CPU samples/s is flat in the batch size.
 
-Usage:  python benchmarks/bench_throughput.py [--batches 1 8 32] [--device cpu] [--dtype float32] [--compile] [--write]
+Usage:  python benchmarks/bench_batching.py sde [--batches 1 8 32] [--device cpu] [--dtype float32] [--compile] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, random_prompts, write_section, parse_args
+from benchlib import clock, command_line, llada_shaped, machine_line, random_prompts, write_section
 
 from dsl_llada.config import SDEConfig
 from dsl_llada.sampling.sde import sample_sde
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -34,7 +29,9 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.0, help="sparse converter tolerance (0 = exact)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = llada_shaped(device=a.device)
     model.backbone.to(dtype)
@@ -53,11 +50,7 @@ def main() -> None:
     if a.write:
         rows = ["| batch | seconds per batch | samples/s |", "|---|---|---|"]
         rows += [f"| {b} | {e['seconds']:.2f} | {e['samples_per_s']:.3f} |" for b, e in res["batches"].items()]
-        cmd = " ".join(["python", "benchmarks/bench_throughput.py"] + sys.argv[1:])
+        cmd = command_line()
         write_section(f"Batched SDE throughput ({a.device}, {a.dtype}{', compiled' if a.compile else ''})", "\n".join([
             f"Command: `{cmd}` ({res['machine']}). LLaDA-shaped model (d_model 256, 4 layers, V 32,768), prompt "
             f"{a.prompt} + response {a.gen}, NFE {a.nfe}, one generator per row.", "", *rows]))
-
-
-if __name__ == "__main__":
-    main()

@@ -7,12 +7,12 @@ threshold, so every step maps new pages and page-faults: the step's whole-tensor
 copy, and two whole-tensor passes (argmax, logsumexp) over logits far larger than the cache. Now the block logits
 go into one `positions.LogitsBuffer` reused across steps (copy-on-keep for callbacks), written column run by
 column run, and the greedy step's argmax and logsumexp run in one sweep over cache-sized row chunks
-(`remask_step.row_argmax_logsumexp`). This script times main's previous path ("before": a fresh tensor per step,
+(`remask_step.row_argmax_logsumexp`). It times the previous path ("before": a fresh tensor per step,
 two whole-tensor reductions, put back by patching the modules) against the current one ("after"), interleaved
-per round, on the small LLaDA-shaped model of bench_dtype.py at 2 layers (prompt 64 + response 64, 16 steps,
+per round, on the small LLaDA-shaped model of `bench_dtype.py speed` at 2 layers (prompt 64 + response 64, 16 steps,
 fp32 and bf16), wall and process CPU time per sample, and checks the tokens are identical.
 
-Usage:  python benchmarks/bench_batch_remask.py --rounds 3 --json OUT.json [--threads 1]
+Usage:  python benchmarks/bench_batching.py remask --rounds 3 --json OUT.json [--threads 1]
 """
 
 from __future__ import annotations
@@ -22,33 +22,31 @@ import importlib
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
+from benchlib import random_prompts, run_environment, write_text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dsl_llada.config import RemaskConfig
+from dsl_llada.sampling.remask import sample_remask
 
 P, R = 64, 64
 
 
-def main() -> None:
-    import bench_dtype as bd
-    from benchlib import parse_args, random_prompts, run_environment
-
-    from dsl_llada.config import RemaskConfig
-    from dsl_llada.sampling.remask import sample_remask
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3, choices=range(1, 11), metavar="1-10")
     ap.add_argument("--json", default=None, help="write the results and the environment record here")
-    a = parse_args(ap)  # --threads: default the usable CPUs (the run in docs used --threads 1)
+    # --threads: default the usable CPUs (the run in docs used --threads 1)
+
+
+def run(a: argparse.Namespace) -> None:
+    from measures.dtype_speed import build
+
     rs = importlib.import_module("dsl_llada.sampling.remask_step")
     rm = importlib.import_module("dsl_llada.sampling.remask")
     new_fns = (rm.block_logits, rs.row_argmax_logsumexp)
 
-    def fresh_block_logits(*args, **kw):  # main before this change: a fresh (B, W, V) tensor every step
+    def fresh_block_logits(*args, **kw):  # the previous path: a fresh (B, W, V) tensor every step
         return new_fns[0](*args, **{**kw, "buffer": None})
 
     def two_passes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # argmax, then the chunked logsumexp
@@ -56,11 +54,11 @@ def main() -> None:
 
     old_fns = (fresh_block_logits, two_passes)
 
-    models = {n: bd.build("small", dt, 2)[0] for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    models = {n: build("small", dt, 2)[0] for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     res: dict[str, list] = {}
     ids: dict[str, list] = {}
 
-    def run(model, batch: int, n: int, key: str) -> tuple[float, float]:
+    def timed(model, batch: int, n: int, key: str) -> tuple[float, float]:
         pb = random_prompts(model, batch, P)
         w, c = time.perf_counter(), time.process_time()
         for _ in range(n):
@@ -70,14 +68,14 @@ def main() -> None:
         return (time.perf_counter() - w) / (n * batch), (time.process_time() - c) / (n * batch)
 
     with torch.no_grad():
-        run(models["fp32"], 1, 1, "warm")
+        timed(models["fp32"], 1, 1, "warm")
         for rnd in range(a.rounds):
             for name, m in models.items():
                 for batch, n in ((1, 2), (8, 1)):
                     for variant, fns in (("before", old_fns), ("after", new_fns)):
                         rm.block_logits, rs.row_argmax_logsumexp = fns
                         key = f"{name} b{batch} {variant}"
-                        res.setdefault(key, []).append(run(m, batch, n, key))
+                        res.setdefault(key, []).append(timed(m, batch, n, key))
             rm.block_logits, rs.row_argmax_logsumexp = new_fns
             print("round", rnd, os.getloadavg(), flush=True)
     out = {}
@@ -91,8 +89,4 @@ def main() -> None:
         for b in (1, 8):
             print(name, b, "identical tokens before/after:", ids[f"{name} b{b} before"] == ids[f"{name} b{b} after"])
     if a.json:
-        Path(a.json).write_text(json.dumps({"results": out, "env": run_environment()}, default=str) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        write_text(a.json, json.dumps({"results": out, "env": run_environment()}, default=str) + "\n")

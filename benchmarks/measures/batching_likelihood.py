@@ -1,26 +1,22 @@
 """Monte Carlo log-likelihood throughput: requests/s with one mask pattern per forward (batch 1) against all
 patterns of all requests batched, on a small LLaDA-shaped model; the ratio goes to docs/benchmarks.md.
 
-Usage:  python benchmarks/bench_likelihood.py [--requests 16] [--mc-samples 32] [--repeats 3] [--write]
+Usage:  python benchmarks/bench_batching.py likelihood [--requests 16] [--mc-samples 32] [--repeats 3] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import re
 import statistics
-import time
-from pathlib import Path
 
 import torch
-from benchlib import environment_note, parse_args
+from benchlib import command_line, environment_note, interleave, write_section
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.eval.likelihood import LikelihoodRequest, mc_loglikelihood
 
-ROOT = Path(__file__).resolve().parents[1]
-MARK = "<!-- bench_likelihood -->"
+TITLE = "Monte Carlo log-likelihood: batch 1 vs batched"
 
 
 def build(vocab: int = 4096) -> LLaDABackbone:
@@ -41,44 +37,31 @@ def requests(n: int, vocab: int) -> list[LikelihoodRequest]:
     return out
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{MARK}\n{text.strip()}\n{MARK}\n"
-    if MARK in doc:
-        doc = re.sub(f"{re.escape(MARK)}.*?{re.escape(MARK)}\n", lambda _m: block, doc, flags=re.DOTALL)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block
-    path.write_text(doc)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--mc-samples", type=int, default=32)
     ap.add_argument("--batch", type=int, default=64, help="rows per forward in the batched variant")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     model, V = build(), 4096
     reqs = requests(a.requests, V)
-    times: dict[int, list[float]] = {1: [], a.batch: []}
     results = {}
     mc_loglikelihood(model, reqs[:2], mc_samples=2, batch_size=a.batch)  # warm-up
-    for _ in range(a.repeats):  # interleave the two variants
-        for bs in (1, a.batch):
-            t0 = time.perf_counter()
-            results[bs] = mc_loglikelihood(model, reqs, mc_samples=a.mc_samples, batch_size=bs)
-            times[bs].append(time.perf_counter() - t0)
+
+    def variant(bs: int):
+        return lambda: results.__setitem__(bs, mc_loglikelihood(model, reqs, mc_samples=a.mc_samples, batch_size=bs))
+
+    times = interleave({1: variant(1), a.batch: variant(a.batch)}, a.repeats, warmup=False)
     diff = max(abs(x - y) for x, y in zip(results[1], results[a.batch]))
     rps = {bs: a.requests / statistics.median(t) for bs, t in times.items()}
     spread = {bs: f"{a.requests / max(t):.2f}–{a.requests / min(t):.2f}" for bs, t in times.items()}
     threads = torch.get_num_threads()
-    text = f"""### Monte Carlo log-likelihood: batch 1 vs batched (cpu, float32, {threads} threads, torch {torch.__version__})
-
-Command: `python benchmarks/bench_likelihood.py --write` (LLaDA-shaped d_model 256, 4 layers, V 4096;
-{a.requests} requests, context 48–72 + target 4–8 tokens, {a.mc_samples} mask patterns each; median of {a.repeats}
-interleaved runs, range in brackets; {platform.processor() or platform.machine()}).
+    text = f"""cpu, float32, {threads} threads, torch {torch.__version__}. Command: `{command_line()}` (LLaDA-shaped
+d_model 256, 4 layers, V 4096; {a.requests} requests, context 48–72 + target 4–8 tokens, {a.mc_samples} mask patterns
+each; median of {a.repeats} interleaved runs, range in brackets; {platform.processor() or platform.machine()}).
 
 | rows per forward | requests/s |
 |---|---|
@@ -89,10 +72,6 @@ Batched / batch 1: **{rps[a.batch] / rps[1]:.2f}×**, same estimates (max |Δ| =
 
 {environment_note()}
 """
-    print(text)
+    print(f"### {TITLE}\n\n{text}")
     if a.write:
-        write_section(text)
-
-
-if __name__ == "__main__":
-    main()
+        write_section(TITLE, text)

@@ -7,7 +7,7 @@ Model: LLaDA-shaped, d_model 256, 4 layers, vocabulary 32,768, noise dim 100, pr
 SDE NFE 16, fp32. Runs are interleaved (rotating order), medians of --rounds; minor page faults per run from
 getrusage.
 
-Usage:  python benchmarks/bench_sde_ablation.py [--rounds 5] [--write]
+Usage:  python benchmarks/bench_percall.py ablation [--rounds 5] [--write]
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ import contextlib
 import json
 import resource
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
+from benchlib import command_line, interleave, llada_shaped, machine_line, random_prompts, run_environment, write_section
 
 from dsl_llada import converter as conv_mod
 from dsl_llada import numerics
@@ -66,37 +61,29 @@ def _both(a, b):
         yield
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     cfg = SDEConfig(nfe=16, gen_length=128)
-
-    def run(name: str):
-        with VARIANTS[name]():
-            r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            t = time.perf_counter()
-            out = sample_sde(model, prompts, cfg, generator=torch.Generator().manual_seed(0))
-            t = time.perf_counter() - t
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0
-        return t, faults, out.ids
-
     names = list(VARIANTS)
-    for n in names:
-        run(n)  # warm-up
-    times = {n: [] for n in names}
-    faults = {n: [] for n in names}
+    faults: dict[str, list[int]] = {n: [] for n in names}
     ids = {}
-    for r in range(a.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            t, f, i = run(n)
-            times[n].append(t)
-            faults[n].append(f)
-            ids[n] = i
+
+    def variant(name: str):
+        def call() -> None:
+            with VARIANTS[name]():
+                r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                ids[name] = sample_sde(model, prompts, cfg, generator=torch.Generator().manual_seed(0)).ids
+                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+        return call
+
+    times = interleave({n: variant(n) for n in names}, a.rounds)  # one untimed warm-up call of each first
+    faults = {n: f[1:] for n, f in faults.items()}  # the timed rounds only
     same = all(torch.equal(ids[n], ids[names[0]]) for n in names)
     if not same:
         raise SystemExit("tokens differ between variants: " + json.dumps({n: ids[n][0, :8].tolist() for n in names}))
@@ -109,8 +96,7 @@ def main() -> None:
     print(json.dumps({"machine": machine_line(), "rows": rows, "identical_tokens": same,
                       "environment": run_environment()}, indent=2))
     if a.write:
-        lines = ["Command: `python " + " ".join(["benchmarks/bench_sde_ablation.py"] + sys.argv[1:]).replace(" --write", "")
-                 + " --write`", "",
+        lines = ["Command: `" + command_line().replace(" --write", "") + " --write`", "",
                  f"{machine_line()}. SDE NFE 16, LLaDA-shaped model (d_model 256, 4 layers, V 32,768), prompt 128 + response 128, batch 1; "
                  f"{a.rounds} interleaved rounds; identical tokens in every variant.", "",
                  "| variant | median s (min–max) | minor page faults per run | speed-up vs before |", "|---|---|---|---|"]
@@ -118,7 +104,3 @@ def main() -> None:
             lines.append(f"| {r['variant']} | {r['median_s']:.3f} ({r['min_s']:.3f}–{r['max_s']:.3f}) | "
                          f"{r['faults']:,} | {r['speedup_vs_before']:.2f}× |")
         write_section("SDE call: what the exact top-M selection and the reused slot buffer buy", "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@
 (b) samples/s at batch 1, 4, 16;
 (c) converter peak memory at V = 126,464, L = 2048 with and without token chunking (peak RSS of a fresh process).
 
-Usage:  python benchmarks/bench_sampling.py [--quick] [--device cuda --dtype bfloat16 --preset 8b] [--write]
+Usage:  python benchmarks/bench_percall.py loop [--quick] [--device cuda --dtype bfloat16 --preset 8b] [--write]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib import environment_note, parse_args, run_environment
+from benchlib import (PRESETS, command_line, median_time, random_prompts, reset_peak_rss, run_environment,
+                      status_kib, write_section)
 
 from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
@@ -32,14 +33,7 @@ from dsl_llada.sampling.denoiser import Denoiser
 from dsl_llada.sampling.sde import inference_beta, sample_sde
 from dsl_llada.snr import snr_schedule
 
-ROOT = Path(__file__).resolve().parents[1]
-
-PRESETS = {
-    # LLaDA-shaped (SwiGLU, RMSNorm, RoPE, untied head, MHA), small enough for a 2-core CPU.
-    "small": dict(d_model=512, n_layers=8, n_heads=8, mlp_hidden_size=1376, vocab_size=4096),
-    # LLaDA-8B-Instruct's shape (config.json), random weights; GPU only.
-    "8b": dict(d_model=4096, n_layers=32, n_heads=32, mlp_hidden_size=12288, vocab_size=126464),
-}
+BENCH = Path(__file__).resolve().parents[1]
 
 
 def build_model(preset: str, device: str, dtype: torch.dtype, noise_dim: int = 100) -> DSLModel:
@@ -54,35 +48,9 @@ def build_model(preset: str, device: str, dtype: torch.dtype, noise_dim: int = 1
     return model.eval()
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn, device: str, repeats: int) -> float:
-    """Median wall time of `repeats` calls after one warm-up (median, not min: the sampler's calls are not
-    all best-case either, so min-vs-total would understate the loop's efficiency)."""
-    fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def prompts_for(model: DSLModel, batch: int, prompt_len: int, device: str) -> PromptBatch:
-    g = torch.Generator().manual_seed(1)
-    V = model.vocab_size
-    rows = [torch.randint(0, V - 3, (prompt_len,), generator=g).tolist() for _ in range(batch)]
-    return PromptBatch.from_lists(rows, pad_id=model.special.pad_id, device=device)
-
-
 @torch.no_grad()
 def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: int, nfe: int, repeats: int) -> dict:
-    pb = prompts_for(model, 1, prompt_len, device)
+    pb = random_prompts(model, 1, prompt_len, device=device)
     ids = torch.cat([pb.ids, torch.full((1, gen_length), model.special.mask, device=device)], 1)
     sde_cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
     denoise = Denoiser.for_model(model, model.context_embed(pb.ids), beta=inference_beta(model, sde_cfg),
@@ -94,12 +62,15 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
     # is), so average it over the SNR grid.
     grid = snr_schedule(sde_cfg.schedule, sde_cfg.steps).tolist()
     with flush_denormals():  # as inside the samplers
-        t_dsl = sum(timed(lambda g=g: denoise(y, g), device, repeats) for g in grid) / len(grid)
-        t_bb = timed(lambda: model.logits_from_ids(ids, positions=slice(prompt_len, None)), device, repeats)
+        t_dsl = sum(median_time(lambda g=g: denoise(y, g), repeats, device) for g in grid) / len(grid)
+        t_bb = median_time(lambda: model.logits_from_ids(ids, positions=slice(prompt_len, None)), repeats, device)
 
     out = {}
-    t_sde = timed(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0))),
-                  device, repeats)
+    # medians, not minima, throughout: the sampler's calls are not all best-case either, so min-vs-total would
+    # understate the loop's efficiency
+    t_sde = median_time(lambda: out.__setitem__("sde", sample_sde(model, pb, sde_cfg,
+                                                                  generator=torch.Generator().manual_seed(0))),
+                        repeats, device)
     calls = out["sde"].forward_passes
     res = {"sde": {"calls": calls, "t_call_s": t_dsl, "t_total_s": t_sde, "efficiency": calls * t_dsl / t_sde}}
     try:
@@ -107,7 +78,7 @@ def loop_efficiency(model: DSLModel, device: str, gen_length: int, prompt_len: i
     except ImportError:
         return res
     rm_cfg = RemaskConfig(steps=nfe, gen_length=gen_length)
-    t_rm = timed(lambda: out.__setitem__("rm", sample_remask(model.backbone, pb, rm_cfg)), device, repeats)
+    t_rm = median_time(lambda: out.__setitem__("rm", sample_remask(model.backbone, pb, rm_cfg)), repeats, device)
     calls = out["rm"].forward_passes
     res["remask"] = {"calls": calls, "t_call_s": t_bb, "t_total_s": t_rm, "efficiency": calls * t_bb / t_rm}
     in_run = in_run_efficiency(model, pb, sde_cfg, rm_cfg, repeats)
@@ -160,19 +131,12 @@ def in_run_efficiency(model: DSLModel, pb: PromptBatch, sde_cfg: SDEConfig, rm_c
 def throughput(model: DSLModel, device: str, gen_length: int, prompt_len: int, nfe: int, batches: list[int]) -> dict:
     res = {}
     for b in batches:
-        pb = prompts_for(model, b, prompt_len, device)
+        pb = random_prompts(model, b, prompt_len, device=device)
         cfg = SDEConfig(nfe=nfe, gen_length=gen_length)
         gens = [torch.Generator().manual_seed(i) for i in range(b)]
-        t = timed(lambda: sample_sde(model, pb, cfg, generator=gens), device, 1)
+        t = median_time(lambda: sample_sde(model, pb, cfg, generator=gens), 1, device)
         res[b] = {"seconds": t, "samples_per_s": b / t}
     return res
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _converter_peak_child(chunk: int, L: int, V: int, H: int) -> None:
@@ -181,11 +145,12 @@ def _converter_peak_child(chunk: int, L: int, V: int, H: int) -> None:
     conv = Converter(ConverterConfig(noise_dim=100, token_chunk=chunk), V, H)
     E = torch.nn.functional.normalize(torch.randn(V, 100), dim=-1)
     z = torch.randn(L, 100) * 10
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
-    base = _status_kib("VmRSS")
+    if not reset_peak_rss():  # the peak-RSS mark (VmHWM) set to the current RSS
+        raise RuntimeError("the peak RSS cannot be reset here (needs Linux /proc/self/clear_refs)")
+    base = status_kib("VmRSS")
     with torch.no_grad():
         conv(z, E)
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     print(json.dumps({"base_kib": base, "peak_kib": peak, "growth_kib": peak - base}))
 
 
@@ -193,8 +158,8 @@ def converter_memory(L: int = 2048, V: int = 126464, H: int = 64) -> dict:
     """Peak RSS growth of one converter call in a fresh process (H kept small so W is only V*H*4 bytes)."""
     res = {}
     for chunk in (0, 256):
-        code = ("import sys; sys.path.insert(0, %r); from bench_sampling import _converter_peak_child; "
-                "_converter_peak_child(%d, %d, %d, %d)") % (str(Path(__file__).parent), chunk, L, V, H)
+        code = ("import sys; sys.path.insert(0, %r); from measures.percall_loop import _converter_peak_child; "
+                "_converter_peak_child(%d, %d, %d, %d)") % (str(BENCH), chunk, L, V, H)
         # Each variant in its own process, so one's peak cannot hide the other's.
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         res["unchunked" if chunk == 0 else f"chunk{chunk}"] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -203,16 +168,17 @@ def converter_memory(L: int = 2048, V: int = 126464, H: int = 64) -> dict:
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--write", action="store_true", help="append the results to docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     ap.add_argument("--efficiency-rounds", type=int, default=0,
                     help="only measure loop efficiency, this many times (shows the run-to-run spread)")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     torch.manual_seed(0)
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = build_model(a.preset, a.device, dtype)
@@ -231,12 +197,11 @@ def main() -> None:
               "loop_efficiency": eff, "throughput": thr, "converter_memory": mem, "environment": run_environment()}
     print(json.dumps(result, indent=2))
     if a.write:
-        write_markdown(result, " ".join(["python", "benchmarks/bench_sampling.py"] + sys.argv[1:]))
+        write_markdown(result, command_line())
 
 
 def write_markdown(r: dict, command: str) -> None:
-    lines = [f"### Sampling: preset `{r['preset']}` on {r['device']} ({r['dtype']}, {r['threads']} threads, torch {r['torch']})",
-             "", f"Command: `{command}`", "",
+    lines = [f"Command: `{command}`", "",
              f"Prompt {r['prompt_length']} + response {r['gen_length']} tokens, NFE/steps {r['nfe']}.", "",
              "| sampler | model calls | one call alone (ms) | whole sampling (ms) | loop efficiency | in-run share in model calls |",
              "|---|---|---|---|---|---|"]
@@ -253,11 +218,5 @@ def write_markdown(r: dict, command: str) -> None:
                   f"| unchunked | {m['unchunked']['growth_kib'] / 1024:.0f} | {m['pi_bytes_unchunked_MiB']:.0f} |",
                   f"| 256-token chunks | {m['chunk256']['growth_kib'] / 1024:.0f} | {m['pi_bytes_chunk256_MiB']:.0f} |",
                   "", f"Chunking cuts the converter's peak by {m['unchunked']['growth_kib'] / max(1, m['chunk256']['growth_kib']):.1f}x."]
-    lines += ["", environment_note()]
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
-    path.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_section(f"Sampling: preset `{r['preset']}` on {r['device']} ({r['dtype']}, {r['threads']} threads, "
+                  f"torch {r['torch']})", "\n".join(lines))

@@ -5,20 +5,17 @@ trained here: a missing checkpoint is an error), samples the demo's three SDE ro
 eta = 0) at every demo NFE over the 72 held-out prompts with the exact dense converter and with the sparse one, and
 reports the share of changed tokens, the exact perplexity of both, and the sampling time of both.
 
-Usage:  python benchmarks/bench_sparse_demo.py --demo-dir OUT [--tolerance 1e-6] [--write]
+Usage:  python benchmarks/bench_approx.py sparse --demo-dir OUT [--tolerance 1e-6] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_line, write_section, parse_args
+from benchlib import demo_checkpoints, machine_line, write_section
 
 from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig
@@ -26,21 +23,17 @@ from dsl_llada.toy.evaluate import PAPER_METHODS, aggregate, score_record
 from dsl_llada.toy.tasks import render_prompt
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--demo-dir", required=True, help="the --out folder of a finished default `dsl-llada demo`")
     ap.add_argument("--tolerance", type=float, default=1e-6)
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     cfg = DemoConfig.preset(quick=False)
     demo = Demo(cfg, Path(a.demo_dir), progress=False, echo=lambda s: None)
     train, evals = demo.corpora()
-    for stage in ("pretrained-mdm", "cpt-dsl"):
-        if not any((demo.cache).glob(f"{stage}-*")):
-            raise SystemExit(f"error: no cached {stage} checkpoint under {demo.cache}; run `dsl-llada demo --out "
-                             f"{a.demo_dir}` first")
-    base = demo.pretrained(train).eval()
-    dsl = demo.adapted(base, train, "dsl").eval()
+    _, dsl = demo_checkpoints(demo, train, a.demo_dir)
     prompt_ids = [demo.tok.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in evals]
     rows = []
     for method in [m for m in PAPER_METHODS if m.sampler == "sde"]:
@@ -68,7 +61,7 @@ def main() -> None:
                          "ppl_exact": e_ppl, "ppl_sparse": s_ppl, "s_exact": e_s, "s_sparse": s_s})
             print(json.dumps(rows[-1]), flush=True)
     if a.write:
-        lines = [f"Command: `python benchmarks/bench_sparse_demo.py --demo-dir OUT --tolerance {a.tolerance:g} --write` "
+        lines = [f"Command: `python benchmarks/bench_approx.py sparse --demo-dir OUT --tolerance {a.tolerance:g} --write` "
                  f"(OUT = a finished default demo; {machine_line()}).", "",
                  f"The demo's SDE rows on its 72 held-out prompts (batch {cfg.batch_size}) with the exact dense converter and "
                  f"with the sparse converter at tolerance {a.tolerance:g}:", "",
@@ -79,7 +72,3 @@ def main() -> None:
                          f"{r['changed_tokens']}/{r['tokens']} | {r['ppl_exact']:.2f} → {r['ppl_sparse']:.2f} | "
                          f"{r['s_exact']:.2f} / {r['s_sparse']:.2f} |")
         write_section("Sparse converter on the demo's SDE samples", "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

@@ -7,7 +7,7 @@ identical response tokens, and Fix/Clean of the error-correction probe; plus the
 batch 1 (fp32 and bf16 alternating). Needs the demo's cached checkpoints (run `python -m dsl_llada demo --quick
 --out DIR` once); refuses to train.
 
-Usage:  python benchmarks/bench_precision.py --demo DIR [--n-open 96 --n-summarize 48 --nfe 16 64] [--json F] [--write]
+Usage:  python benchmarks/bench_dtype.py quality --demo DIR [--n-open 96 --n-summarize 48 --nfe 16 64] [--json F] [--write]
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import copy
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import demo_checkpoints, write_section, write_text
 
 from dsl_llada.environment import environment_record, finish_record
 from dsl_llada.quantize import quantize_backbone
@@ -30,9 +30,6 @@ from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig, cast_for_inference
 from dsl_llada.toy.evaluate import PAPER_METHODS, error_correction, score_record
 from dsl_llada.toy.tasks import render_prompt
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import parse_args, write_section
 
 METHODS = ("DSL-SDE", "DSL-SDE (eta=0)", "DSL-Remask", "LLaDA")
 
@@ -72,8 +69,7 @@ def run_method(model, method, nfe, demo, evals, prompt_ids, batch_size):
     return recs, ids
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--demo", required=True, help="a `dsl-llada demo --quick --out DIR` folder (its cached checkpoints)")
     ap.add_argument("--n-open", type=int, default=96)
     ap.add_argument("--n-summarize", type=int, default=48)
@@ -86,15 +82,13 @@ def main() -> None:
                          "activations), or both")
     ap.add_argument("--json", default=None, help="write the full result here")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
-    a = parse_args(ap)
 
+
+def run(a: argparse.Namespace) -> None:
     demo = Demo(DemoConfig.preset(quick=True), Path(a.demo), progress=False, echo=lambda s: None)
     train, evals = demo.corpora(a.n_open, a.n_summarize)
-    for name in ("pretrained-mdm", "cpt-dsl"):
-        if not any(p.name.startswith(name) for p in (Path(a.demo) / "cache").glob("*")):
-            raise SystemExit(f"{a.demo}/cache has no {name} stage: run `python -m dsl_llada demo --quick --out {a.demo}`")
-    base = demo.pretrained(train).eval()
-    dsl = demo.adapted(base, train, "dsl").eval()
+    base, dsl = demo_checkpoints(demo, train, a.demo)
+
     def variant(m):
         m = copy.deepcopy(m)
         if a.variant in ("bf16", "int8-bf16"):
@@ -139,7 +133,7 @@ def main() -> None:
               "fixclean": fixclean, "toy_seconds_per_sample_b1_nfe16": times,
               "toy_model": {"d_model": demo.cfg.d_model, "n_layers": demo.cfg.n_layers, "vocab": demo.world.vocab_size}}
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_text(a.json, json.dumps(result, indent=1) + "\n")
     text = render(result, a)
     print(text)
     if a.write:
@@ -159,7 +153,7 @@ def render(result, a) -> str:
     v = result["variant"]
     what = {"bf16": "bf16 backbone", "int8": "int8 weight-only backbone (fp32 activations)",
             "int8-bf16": "int8 weight-only backbone with bf16 activations"}[v]
-    lines = [f"Command: `python benchmarks/bench_precision.py --demo DIR --n-open {a.n_open} --n-summarize "
+    lines = [f"Command: `python benchmarks/bench_dtype.py quality --demo DIR --n-open {a.n_open} --n-summarize "
              f"{a.n_summarize} --variant {v} --nfe {' '.join(map(str, a.nfe))}` on the quick demo's checkpoints; {env['cpu_model']} "
              f"({env['cpu_capability']}, native bf16 {env['cpu_native_bf16']}), {env['threads']['intra_op']} threads, "
              f"torch {env['libraries']['torch']}, load {env['load_average_start']} -> {env['load_average_end']} "
@@ -183,7 +177,3 @@ def render(result, a) -> str:
               f"{m32 / m16:.2f}x). The toy model is too small for this to measure speed; see the "
               f"LLaDA-shaped sections."]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

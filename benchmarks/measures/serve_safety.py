@@ -6,7 +6,7 @@ request cannot take it down. Checks, each printed with its outcome:
   out -> its request is cancelled and the worker is free at once; SIGTERM with a long request running -> the server
   exits within the grace period.
 
-Usage:  python benchmarks/serve_safety.py [--grace-s 2]     (exit 0 when every check passes; loopback only)
+Usage:  python benchmarks/bench_serve.py safety [--grace-s 2]     (exit 0 when every check passes; loopback only)
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import build_tiny_model  # a sibling script
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchlib import ROOT, environment_note
+from measures.serve_load import build_tiny_model
 
 
 def free_port() -> int:
@@ -41,10 +38,11 @@ def chat(content: str, **extra) -> dict:
     return {"messages": [{"role": "user", "content": content}], **extra}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--grace-s", type=float, default=2.0, help="the server's --shutdown-grace-s")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> int:
     results: list[tuple[str, bool, str]] = []
 
     def check(name: str, ok: bool, detail: str) -> None:
@@ -139,6 +137,7 @@ def main() -> int:
                 proc.kill()
     failed = [n for n, ok, _ in results if not ok]
     print(f"\n{len(results) - len(failed)}/{len(results)} checks passed" + (f"; failed: {failed}" if failed else ""))
+    print(environment_note())
     return 1 if failed else 0
 
 
@@ -147,7 +146,3 @@ def _post_or_none(url: str, body: dict):
         return httpx.post(url, json=body, timeout=600)
     except httpx.TransportError:
         return None
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

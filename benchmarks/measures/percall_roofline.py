@@ -1,14 +1,14 @@
 """Roofline of one SDE denoiser call and one remasking step: FLOPs, time and fraction of the measured fp32 matmul
 peak of each component, and the whole call against the FLOP time of the work it needs.
 
-Model: the LLaDA-shaped benchmark model of bench_vs_authors.py (d_model 256, 4 layers, vocabulary 32,768, noise
+Model: the LLaDA-shaped benchmark model (`benchlib.llada_shaped`: d_model 256, 4 layers, vocabulary 32,768, noise
 dim 100), prompt 128 + response 128, batch 1, fp32, inside the samplers' denormal mode. Component times are medians
 of --reps calls at the SNRs of the NFE-16 schedule (the converter's cost depends on how peaked its softmax is).
 
 Also reports the sparse converter (SDEConfig.converter_tolerance): kept slots per position, max |Δh| against the
 dense converter and its time at each SNR, and whether an NFE-16 SDE run gives the same tokens with it.
 
-Usage:  python benchmarks/bench_roofline.py [--reps 7] [--write]
+Usage:  python benchmarks/bench_percall.py roofline [--reps 7] [--write]
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (block_flops, llada_shaped, machine_line, matmul_peak_fp32, median_time, parse_args,
-                      run_environment, sde_call_inputs, write_section)
+from benchlib import (blocks_and_head_times, command_line, llada_shaped, machine_line, matmul_peak_fp32, median_time,
+                      run_environment, sde_call_inputs, sde_call_work, write_section)
 
 from dsl_llada.config import RemaskConfig
 from dsl_llada.converter import top_m_values
@@ -33,13 +29,14 @@ from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.sde import sample_sde
 
 
-@torch.no_grad()
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--tolerance", type=float, default=1e-6, help="sparse converter tolerance to report")
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+@torch.no_grad()
+def run(a: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = llada_shaped()
     bb, conv, cfg = model.backbone, model.converter, model.backbone.cfg
@@ -85,20 +82,16 @@ def main() -> None:
             times["posterior"].append(median_time(lambda: model.posterior_mean(logits, M, E), a.reps))
             times["call"].append(median_time(lambda: model.posterior_mean(model.logits_from_states(
                 ids, z, state_mask, beta=beta, E=E, positions=resp), M, E), a.reps))
-        h_in = model.embed_inputs(ids, z, state_mask, beta=beta, E=E)
-        t_blocks = median_time(lambda: bb(h_in, positions=slice(T, T)), a.reps)  # no rows: blocks only
-        hidden = torch.randn(1, L, H)
+        t_blocks, t_head, _ = blocks_and_head_times(model, ids, z, beta, E, P, a.reps)
         ln_f = bb.model.transformer.ln_f
-        t_head = median_time(lambda: F.linear(ln_f(hidden), head_w), a.reps)
         t_head_all = median_time(lambda: F.linear(ln_f(torch.randn(1, T, H)), head_w), a.reps)
         rm_steps = 16
         t_rm = median_time(lambda: sample_remask(model, pb, RemaskConfig(steps=rm_steps, gen_length=L)), 3) / rm_steps
         t_rm_forward = median_time(lambda: model.logits_from_ids(ids, positions=resp), a.reps)
 
     med = {k: statistics.median(v) for k, v in times.items()}
-    fl = {"slot": 2 * L * d * (V + 1), "values": 2 * L * (V + 1) * H,
-          "blocks": block_flops(T, H, cfg.ffn_hidden, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads),
-          "head": 2 * L * H * V, "head_all": 2 * T * H * V, "posterior_bag": 2 * L * M * d}
+    fl = sde_call_work(model, P, L, M)
+    fl = {**fl, "head_all": 2 * T * H * V, "posterior_bag": fl.pop("posterior")}
     needed_sde = fl["slot"] + fl["values"] + fl["blocks"] + fl["head"] + fl["posterior_bag"]
     needed_rm = fl["blocks"] + fl["head"]
     sde_out = {}
@@ -115,7 +108,7 @@ def main() -> None:
          "sparse_tokens_changed": int((sde_out[0.0] != sde_out[a.tolerance]).sum())}
     print(json.dumps({**r, "environment": run_environment()}, indent=2))
     if a.write:
-        write_markdown(r, " ".join(["python", "benchmarks/bench_roofline.py"] + sys.argv[1:]))
+        write_markdown(r, command_line())
 
 
 def write_markdown(r: dict, command: str) -> None:
@@ -164,7 +157,3 @@ def write_markdown(r: dict, command: str) -> None:
         f"NFE-16 SDE run on this model with vs without the sparse converter: "
         f"{'identical tokens' if r['sparse_same_tokens'] else str(r['sparse_tokens_changed']) + ' of 128 tokens differ'}."])
     write_section("Roofline: one SDE call and one remasking step", body)
-
-
-if __name__ == "__main__":
-    main()

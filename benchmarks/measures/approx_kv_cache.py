@@ -8,7 +8,7 @@ says how far the approximation moves a trajectory, not whether the text is good)
 Model: LLaDA-shaped (benchlib.llada_shaped), prompt 128 + response 128 in 4 blocks of 32, batch 1, fp32; Block SDE
 NFE 8 per block, block remasking 32 steps. Variants interleaved (rotating order), medians of --rounds.
 
-Usage:  python benchmarks/bench_kv_cache.py [--rounds 3] [--write]
+Usage:  python benchmarks/bench_approx.py kv-cache [--rounds 3] [--write]
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import llada_shaped, machine_line, random_prompts, write_section, parse_args, run_environment
+from benchlib import command_line, interleave, llada_shaped, machine_line, random_prompts, run_environment, write_section
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.dispatch import sample
@@ -35,33 +30,25 @@ def label(mode: str, refresh: int) -> str:
     return "exact" if mode == "off" else f"{mode}, R={'never' if refresh == 0 else refresh}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write", action="store_true")
-    a = parse_args(ap)
+
+
+def run(a: argparse.Namespace) -> None:
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     samplers = {"Block SDE (NFE 8 per block)": SDEConfig(nfe=8, gen_length=128, block_length=32),
                 "block remasking (32 steps)": RemaskConfig(steps=32, gen_length=128, block_length=32)}
     plan = [(s, m, r) for s in samplers for m, r in VARIANTS]
-
-    def run(s: str, m: str, r: int):
-        cfg = samplers[s].replace(kv_cache=m, cache_refresh=r)
-        t = time.perf_counter()
-        out = sample(model, prompts, cfg,
-                     generator=torch.Generator().manual_seed(0))
-        return time.perf_counter() - t, out.ids
-
-    for p in plan:
-        run(*p)  # warm-up
-    times = {p: [] for p in plan}
     ids = {}
-    for k in range(a.rounds):
-        for p in plan[k % len(plan):] + plan[: k % len(plan)]:
-            t, i = run(*p)
-            times[p].append(t)
-            ids[p] = i
+
+    def variant(s: str, m: str, r: int):
+        cfg = samplers[s].replace(kv_cache=m, cache_refresh=r)
+        return lambda: ids.__setitem__((s, m, r), sample(model, prompts, cfg,
+                                                         generator=torch.Generator().manual_seed(0)).ids)
+
+    times = interleave({p: variant(*p) for p in plan}, a.rounds)  # one untimed warm-up call of each first
     rows = []
     for s, m, r in plan:
         exact = statistics.median(times[(s, "off", 1)])
@@ -71,7 +58,7 @@ def main() -> None:
                      "max_s": max(times[(s, m, r)]), "speedup": exact / med, "same_tokens": same})
     print(json.dumps({"rows": rows, "environment": run_environment()}, indent=2))
     if a.write:
-        lines = [f"Command: `python benchmarks/bench_kv_cache.py --rounds {a.rounds} --write` ({machine_line()}).", "",
+        lines = [f"Command: `{command_line()}` ({machine_line()}).", "",
                  "LLaDA-shaped model (d_model 256, 4 layers, V 32,768, random weights), prompt 128 + response 128 in "
                  f"4 blocks of 32, batch 1, fp32; {a.rounds} interleaved rounds.", "",
                  "| sampler | cache | s per sample, median (min–max) | speed-up | tokens equal to exact % |",
@@ -80,7 +67,3 @@ def main() -> None:
             lines.append(f"| {r['sampler']} | {r['cache']} | {r['median_s']:.3f} ({r['min_s']:.3f}–{r['max_s']:.3f}) | "
                          f"{r['speedup']:.2f}× | {r['same_tokens']:.1f} |")
         write_section("Approximate KV caching at the LLaDA-shaped size", "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

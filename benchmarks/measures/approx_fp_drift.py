@@ -8,8 +8,8 @@ Prints JSON with
   * batch:    with a demo's cached DSL checkpoint (--demo-dir, made by `dsl-llada demo [--quick] --out DIR`), how many
               NFE-16 SDE outputs are identical when sampled in one batch and one prompt at a time.
 
-Usage:  python benchmarks/toy_fp_drift.py --save /tmp/p.pt [--steps 20] [--demo-dir DIR --quick]
-        python benchmarks/toy_fp_drift.py --compare /tmp/p.pt /tmp/p_avx2.pt
+Usage:  python benchmarks/bench_approx.py fp-drift --save /tmp/p.pt [--steps 20] [--demo-dir DIR --quick]
+        python benchmarks/bench_approx.py fp-drift --compare /tmp/p.pt /tmp/p_avx2.pt
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import torch
+from benchlib import demo_checkpoints, run_environment
 
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.demo_train import TrainStage, run_stage
@@ -39,16 +40,18 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"identical": bool(torch.equal(a, b)), "max_abs": float(d.max()), "relative": float(d.norm() / a.norm())}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--save", default=None, help="save the 1-thread parameters here (for --compare)")
     ap.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"))
     ap.add_argument("--demo-dir", default=None, help="a demo output folder whose cache holds the DSL checkpoint")
     ap.add_argument("--quick", action="store_true", help="the demo in --demo-dir is a --quick one")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     if a.compare:
-        print(json.dumps(diff(torch.load(a.compare[0]), torch.load(a.compare[1])), indent=1))
+        pair = [torch.load(path, weights_only=True) for path in a.compare]
+        print(json.dumps({**diff(*pair), "environment": run_environment()}, indent=1))
         return
     demo = Demo(DemoConfig.preset(quick=a.quick), Path(a.demo_dir or "unused-demo-dir"), progress=False,
                 echo=lambda s: None)
@@ -60,7 +63,7 @@ def main() -> None:
     if a.save:
         torch.save(one, a.save)
     if a.demo_dir:
-        dsl = demo.adapted(demo.pretrained(train).eval(), train, "dsl").eval()
+        _, dsl = demo_checkpoints(demo, train, a.demo_dir)
         ev = [e for e in evals if e.task == "open"]
         for name, opts in (("DSL-SDE", {}), ("eta=0", {"eta": 0.0}), ("printed", {"predictor_noise": False})):
             m = Method(name, "dsl", "sde", opts)
@@ -68,8 +71,4 @@ def main() -> None:
                                    batch_size=bs) for bs in (48, 1)]
             out[f"batch48_vs_1/{name}"] = {"identical": sum(x["output"] == y["output"] for x, y in zip(*runs)),
                                            "n": len(runs[0]), "ppl": [aggregate(r)[0]["ppl"] for r in runs]}
-    print(json.dumps(out, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    print(json.dumps({**out, "environment": run_environment()}, indent=1))
