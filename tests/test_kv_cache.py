@@ -210,6 +210,8 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     assert table.count("\n| >= ") == 8  # one line per quality level, open-ended and summarisation
     assert "| Block remasking | dual, R=2, bf16 |" in table and "| World (true samples) |" in table
     assert "Recommended points:" in table and "- DSL model (any SDE): recommended " in table
+    assert f"Timed with {torch.get_num_threads()} thread(s); 1-minute load average at the timed runs " in table
+    assert all(len(r["loads"]) == 2 and r["threads"] == [torch.get_num_threads()] for r in rows)
     assert (out / "frontier.png").stat().st_size > 10_000
     assert json.loads((out / "config.json").read_text())["frontier"] == fc.to_dict()
 

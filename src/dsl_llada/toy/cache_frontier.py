@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 
 from ..config import CACHE_MODES, MAX_NFE, CacheMode, ConfigBase, ConfigError, RemaskConfig, SDEConfig
 from ..loading import DTYPES
 from ..backbones.base import Backbone
 from ..model import DSLModel, cast_for_inference
 from ..utils import progress as progress_bar
+from ..environment import load_average
 from ..fingerprints import sampling_key
 from ..stats import bootstrap_ratio
 from .evaluate import aggregate, sampled_rows, score_record
@@ -300,7 +302,8 @@ def run_frontier(models: dict[str, DSLModel | Backbone], world, tokenizer, examp
                                "refresh": v.refresh, "dtype": v.dtype, "tolerance": v.tolerance, "label": v.label,
                                "steps": v.steps, "threshold": v.threshold, "oracle": v.oracle,
                                "seconds": seconds, "n": len(outputs), "seconds_per_sample": seconds / len(outputs),
-                               **passes, "config": cfg.to_dict(), "frontier": fc.to_dict(), "model": ids[v.model]}
+                               **passes, "config": cfg.to_dict(), "frontier": fc.to_dict(), "model": ids[v.model],
+                               "load_average": load_average(), "threads": torch.get_num_threads()}
         if fc.batch1_prompts:
             b1 = prompt_ids[:fc.batch1_prompts]
             row["seconds_per_sample_b1"] = _sample(model, b1, cfg, fc, 1)[1] / len(b1)
@@ -334,7 +337,8 @@ def frontier_rows(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[d
             ("forward_passes", None), ("row_steps", None))}
         row["budget"] = first["config"].get("nfe", first["config"].get("steps"))  # NFE (SDE) or steps in force
         row |= {"seconds_per_sample": statistics.median(times), "seconds_min": min(times), "seconds_max": max(times),
-                "rounds": len(times)}
+                "rounds": len(times), "loads": [r["load_average"] for r in rs if r.get("load_average") is not None],
+                "threads": sorted({r["threads"] for r in rs if "threads" in r})}
         b1 = [r["seconds_per_sample_b1"] for r in rs if "seconds_per_sample_b1" in r]
         if b1:
             row |= {"seconds_per_sample_b1": statistics.median(b1), "seconds_min_b1": min(b1),

@@ -229,6 +229,11 @@ def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, referenc
              f"and same tokens are against the reference: the sampler's exact fp32 row at its default step count "
              f"(threshold and ReMDM: exact block remasking); 'within reference' = every 95 % interval overlaps "
              f"that row's.\n\n")
+    loads = [x for r in rows for x in r.get("loads", [])]
+    threads = sorted({t for r in rows for t in r.get("threads", [])})
+    if loads:
+        intro += (f"Timed with {', '.join(map(str, threads))} thread(s); 1-minute load average at the timed runs "
+                  f"{min(loads):.1f}–{max(loads):.1f} (above the thread count means other work shared the CPUs).\n\n")
     recs = "".join(f"- {line}\n" for line in recommendation_lines(rows))
     thr = threshold_line(rows)
     text = intro + markdown_table(table, COLUMNS)
