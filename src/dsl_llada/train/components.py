@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -19,6 +19,10 @@ from ..config import ConfigError
 from ..model import DSL_PREFIXES, DSLModel
 from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
+
+if TYPE_CHECKING:
+    from .floor_eval import FloorEval
+    from .toy_source import ToyWorldCorpus
 
 logger = logging.getLogger("dsl_llada.train")
 
@@ -158,7 +162,7 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
     return model
 
 
-def _toy_corpus(config: TrainConfig) -> Any:
+def _toy_corpus(config: TrainConfig) -> "ToyWorldCorpus | None":
     """The run's toy-world corpus (`data.toy_world`), or None."""
     if config.data.toy_world is None:
         return None
@@ -167,7 +171,7 @@ def _toy_corpus(config: TrainConfig) -> Any:
     return toy_world_corpus(config.data.toy_world)
 
 
-def floor_evaluator(config: TrainConfig) -> Any:
+def floor_evaluator(config: TrainConfig) -> "FloorEval | None":
     """The run's `eval_bayes_floor` measurement (`floor_eval.FloorEval`; the toy world's oracle is imported only
     then), or None."""
     if config.eval_bayes_floor is None:
