@@ -2,7 +2,8 @@
 checkpoint (`trainer_state/train_config.json`) and reloadable to the identical object.
 
 Presets live in ``configs/`` (``paper-8b.yaml`` = the paper's Table "Training hyperparameters"; ``toy.yaml`` = a
-tiny CPU run). :func:`load_train_config` reads a YAML/JSON preset and applies dotted ``key=value`` overrides
+tiny CPU run; ``toy-world.yaml`` = a CPU run on the toy world measured against its exact Bayes floor).
+:func:`load_train_config` reads a YAML/JSON preset and applies dotted ``key=value`` overrides
 (``lr=1e-4 data.block_size=64 objective_options.snr.lognormal_per_token=true``).
 """
 
