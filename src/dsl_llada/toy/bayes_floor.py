@@ -11,6 +11,8 @@ remove. Two curves:
 - MDM: mask rate p on a grid; each position after the prompt masked with probability p (the same coins for the
   model and the oracle); cross-entropy over the masked positions.
 
+The draws and the oracle run on the CPU; a model on another device reads the same draws there.
+
 Plus one number per DSL model: the excess loss averaged over the training SNR distribution (`SNRConfig`, drawn as the
 objective draws it), the point a training stage is measured against.
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import Backbone, SpecialTokens
+from ..backbones.base import Backbone, SpecialTokens, model_device
 from ..config import SNRConfig
 from ..converter import noisy_states
 from ..model import DSLModel
@@ -77,12 +79,13 @@ def _dsl_point(model: DSLModel, oracle: DSLModel, ids: torch.Tensor, plen: torch
     m_sum = o_sum = 0.0
     n = 0
     E = model.unit_noise()
+    dev, E_cpu = E.device, E.cpu()
     for lo in range(0, ids.shape[0], CHUNK):
         x, p = ids[lo: lo + CHUNK], plen[lo: lo + CHUNK]
         resp = _response(x, p)
         gamma = gamma_of(x.shape[0], x.shape[1], gen)
-        z = noisy_states(E, x, gamma, gen)
-        m_sum += _ce_sum(model.logits_from_states(x, z, resp, E=E), x, resp)
+        z = noisy_states(E_cpu, x, gamma, gen)  # drawn on the CPU: the same z whatever the model's device
+        m_sum += _ce_sum(model.logits_from_states(x.to(dev), z.to(dev), resp.to(dev), E=E).cpu(), x, resp)
         o_sum += _ce_sum(oracle.logits_from_states(x, z, resp), x, resp)
         n += int(resp.sum())
     return LossPoint(level, m_sum / n, o_sum / n, n)
@@ -117,6 +120,7 @@ def mdm_curve(model: DSLModel | Backbone, world: ToyWorld, special: SpecialToken
     from .oracle import ToyOracle
 
     oracle = ToyOracle(world, special)
+    dev = model_device(model)
     points = []
     for k, rate in enumerate(rates):
         gen = torch.Generator().manual_seed(seed + k)
@@ -126,7 +130,7 @@ def mdm_curve(model: DSLModel | Backbone, world: ToyWorld, special: SpecialToken
             x, p = ids[lo: lo + CHUNK], prompt_length[lo: lo + CHUNK]
             masked = (torch.rand(x.shape, generator=gen) < rate) & _response(x, p)
             noisy = torch.where(masked, torch.full_like(x, special.mask), x)
-            m_sum += _ce_sum(model.logits_from_ids(noisy), x, masked)
+            m_sum += _ce_sum(model.logits_from_ids(noisy.to(dev)).cpu(), x, masked)
             o_sum += _ce_sum(oracle.logits_from_ids(noisy), x, masked)
             n += int(masked.sum())
         points.append(LossPoint(float(rate), m_sum / max(n, 1), o_sum / max(n, 1), n))

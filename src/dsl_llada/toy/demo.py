@@ -24,7 +24,7 @@ import torch
 
 from ..backbones import load_backbone, save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
-from ..backbones.base import Backbone, SpecialTokens
+from ..backbones.base import Backbone
 from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
 from ..environment import environment_record, finish_record
 from ..loading import DTYPES
@@ -37,12 +37,12 @@ from .cache_frontier import FrontierConfig, run_frontier
 from .frontier_report import recommendation_lines, write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
-from .tokenizer import build_tokenizer, special_ids
+from .tokenizer import build_tokenizer, special_tokens
 from .verdicts import verdict_lines, verdicts
 from .world import ToyWorld, ToyWorldConfig
 from .bayes_floor import dsl_excess
 from .demo_report import render_report
-from .demo_train import TrainStage, longest_prompt, run_stage
+from .demo_train import TrainStage, longest_prompt, run_stage, train_conversations
 from .floor_report import floor_rows, held_out, plot_excess
 from .oracle import oracle_models
 from .shipped import load_pretrained
@@ -170,18 +170,13 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _special(tok) -> SpecialTokens:
-    s = special_ids(tok)
-    return SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"])
-
-
 class Demo:
     def __init__(self, config: DemoConfig, out: Path, *, progress: bool = True, echo=print):
         self.cfg, self.out, self.progress, self.echo = config, Path(out), progress, echo
         self.cache = self.out / "cache"
         self.world = ToyWorld(ToyWorldConfig(**{"seed": config.seed, **config.world}))
         self.tok = build_tokenizer(self.world)
-        self.special = _special(self.tok)
+        self.special = special_tokens(self.tok)
         self.gen_length = self.world.config.gen_length
         self.timings: dict[str, float] = {}
         self.environment = environment_record(device="cpu", dtype=torch.float32, seeds={"demo": config.seed})
@@ -200,8 +195,7 @@ class Demo:
 
     # -- data --------------------------------------------------------------------------------------
     def corpora(self, n_open: int | None = None, n_summarize: int | None = None):
-        half = self.cfg.n_train // 2
-        train = make_split(self.world, half, "open", "train") + make_split(self.world, half, "summarize", "train")
+        train = train_conversations(self.world, self.cfg.n_train)
         seen = {e.prompt for e in train}
         ev_open = make_split(self.world, self.cfg.n_eval_open if n_open is None else n_open, "open", "test")
         ev_sum = make_split(self.world, self.cfg.n_eval_summarize if n_summarize is None else n_summarize,

@@ -15,7 +15,8 @@ from ..config import ConfigBase, ConfigError
 from ..model import DSLModel
 from ..numerics import deterministic_algorithms
 from ..utils import progress as progress_bar
-from .tasks import TaskExample, render_sft_example
+from .tasks import TaskExample, make_split, render_sft_example
+from .world import ToyWorld
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class TrainStage(ConfigBase):
             raise ConfigError(f"objective={self.objective!r} is not valid; expected one of ['mdm', 'dsl', 'xdlm']")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ConfigError(f"need steps >= 1, batch_size >= 1 and lr > 0; got {self.steps}, {self.batch_size}, {self.lr}")
+
+
+def train_conversations(world: ToyWorld, n_train: int) -> list[TaskExample]:
+    """The training conversations of the 'train' split: `n_train // 2` open-ended, then `n_train // 2`
+    summarisation."""
+    half = n_train // 2
+    return make_split(world, half, "open", "train") + make_split(world, half, "summarize", "train")
 
 
 def longest_prompt(tokenizer, examples: list[TaskExample]) -> int:

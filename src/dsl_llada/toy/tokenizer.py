@@ -14,6 +14,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from ..backbones.base import SpecialTokens
 from . import words as W
 from .tasks import CHAT_TEMPLATE
 from .world import ToyWorld
@@ -46,3 +47,9 @@ def special_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
     return {"mask": get(W.MASK), "eos": get(W.EOS), "eot": get(W.EOT), "pad": tokenizer.pad_token_id,
             "bos": get(W.BOS), "start_header": get(W.START_HEADER), "end_header": get(W.END_HEADER),
             "unk": get(W.UNK)}
+
+
+def special_tokens(tokenizer: PreTrainedTokenizerFast) -> SpecialTokens:
+    """The `SpecialTokens` of a model of this world (mask, eos, eot, pad, bos from the tokenizer, by name)."""
+    s = special_ids(tokenizer)
+    return SpecialTokens(mask=s["mask"], eos=s["eos"], eot=s["eot"], pad=s["pad"], bos=s["bos"])

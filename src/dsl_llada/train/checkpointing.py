@@ -253,7 +253,7 @@ changed (`apply_changed_settings`), from the first update after the checkpoint."
 USED_AS_GIVEN = ("max_grad_norm", "mixed_precision", "gradient_checkpointing", "ddp_find_unused_parameters")
 """Settings read afresh every update or at setup (never restored), so a change takes effect by itself."""
 BOOKKEEPING = ("resume", "max_steps", "output_dir", "save_every", "keep_last", "save_final", "log_every", "eval_every",
-               "eval_batches", "eval_snrs", "logging", "project_name", "progress", "world_size")
+               "eval_batches", "eval_snrs", "eval_bayes_floor", "logging", "project_name", "progress", "world_size")
 """How long, where and how often to save, log and evaluate: free to change."""
 
 

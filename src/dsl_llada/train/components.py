@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,10 +20,14 @@ from ..model import DSL_PREFIXES, DSLModel
 from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
+if TYPE_CHECKING:
+    from .floor_eval import FloorEval
+    from .toy_source import ToyWorldCorpus
+
 logger = logging.getLogger("dsl_llada.train")
 
 __all__ = ["ObjectiveModule", "backbone_of", "configure_deepspeed", "enable_gradient_checkpointing", "flat_config",
-           "load_training_model", "make_accelerator", "resolve_tokenizer", "shard_fsdp2", "tokenizer_for_checkpoints"]
+           "floor_evaluator", "load_training_model", "make_accelerator", "resolve_tokenizer", "shard_fsdp2", "tokenizer_for_checkpoints"]
 
 
 class ObjectiveModule(nn.Module):
@@ -124,11 +128,13 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
     `source` (default `config.init_from`): a backbone folder, a DSL checkpoint folder, 'scratch', or a module.
     """
     source = config.init_from if source is None else source
+    toy = _toy_corpus(config)
     model: nn.Module
     if isinstance(source, nn.Module):
         model = source
     elif str(source) == SCRATCH:
-        cfg = LLaDAConfig.from_hf_dict(dict(config.scratch_model or {}), where="TrainConfig.scratch_model")
+        fields = toy.scratch_model(config.scratch_model) if toy else dict(config.scratch_model or {})
+        cfg = LLaDAConfig.from_hf_dict(fields, where="TrainConfig.scratch_model")
         model = LLaDABackbone(cfg)
         model.init_weights(torch.Generator().manual_seed(config.seed), std=0.02)
     else:
@@ -146,10 +152,33 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
         else:
             model = load_backbone(path)
     if isinstance(model, Backbone):
-        return DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
-    if isinstance(model, DSLModel):
-        return model if config.objective == "dsl" else model.backbone
-    raise TypeError(f"the {config.objective!r} objective needs a backbone or a DSLModel, got {type(model).__name__}")
+        model = DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
+    elif isinstance(model, DSLModel):
+        model = model if config.objective == "dsl" else model.backbone
+    else:
+        raise TypeError(f"the {config.objective!r} objective needs a backbone or a DSLModel, got {type(model).__name__}")
+    if toy is not None:
+        toy.check_model(backbone_of(model).vocab_size, backbone_of(model).special)
+    return model
+
+
+def _toy_corpus(config: TrainConfig) -> "ToyWorldCorpus | None":
+    """The run's toy-world corpus (`data.toy_world`), or None."""
+    if config.data.toy_world is None:
+        return None
+    from .toy_source import toy_world_corpus
+
+    return toy_world_corpus(config.data.toy_world)
+
+
+def floor_evaluator(config: TrainConfig) -> "FloorEval | None":
+    """The run's `eval_bayes_floor` measurement (`floor_eval.FloorEval`; the toy world's oracle is imported only
+    then), or None."""
+    if config.eval_bayes_floor is None:
+        return None
+    from .floor_eval import FloorEval
+
+    return FloorEval(config)
 
 
 def _byte_encode(text: str) -> list[int]:
@@ -165,6 +194,9 @@ def _ids_encode(text: str) -> list[int]:
 
 def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[Any, Path | None]:
     """(tokenizer or str -> ids callable, folder whose tokenizer files are copied into checkpoints)."""
+    toy = _toy_corpus(config)
+    if toy is not None:  # the world's own tokenizer (saved into every checkpoint)
+        return toy.tokenizer, None
     name = config.tokenizer
     if name == "bytes":
         return _byte_encode, None

@@ -20,7 +20,9 @@ HF stream with a 10,000 buffer); with a 10,000-block buffer each rank tokenises 
 ``shuffle_buffer * world_size`` blocks before yielding its first one.
 
 ``format="sft"``: one conversation per block, see :mod:`dsl_llada.train.sft`; output adds
-``prompt_length``; conversations (not blocks) are dealt round-robin to ranks.
+``prompt_length``; conversations (not blocks) are dealt round-robin to ranks. ``toy_world``: the
+embedded toy world's conversations, already in blocks (:mod:`dsl_llada.train.toy_source`), dealt
+and shuffled the same way.
 
 Local files: ``.txt`` (documents are blank-line-separated paragraphs by default,
 ``txt_documents="file"`` makes each file one document), ``.jsonl`` (one JSON object per
@@ -95,26 +97,37 @@ class TokenBlockDataset(IterableDataset):
             raise ValueError(f"eos_id must be a non-negative int, got {self.eos_id!r}")
         self.eos_id = None if self.eos_id is None else int(self.eos_id)
         given = [n for n, v in (("texts=", texts), ("DataConfig.source", config.source),
-                                ("DataConfig.files", config.files)) if v is not None]
+                                ("DataConfig.files", config.files), ("DataConfig.toy_world", config.toy_world))
+                 if v is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one data source (DataConfig.source = HF dataset id, DataConfig.files "
-                             f"= local .txt/.jsonl/.parquet, or texts= list of strings/records); got {given or 'none'}")
+                             f"= local .txt/.jsonl/.parquet, DataConfig.toy_world, or texts= list of strings/records); "
+                             f"got {given or 'none'}")
         if isinstance(texts, (str, bytes)):
             raise ValueError("texts= must be a list of documents (strings or records), got a single string")
         self._texts = None if texts is None else list(texts)
         self._files = expand_files(config.files) if config.files is not None else None
+        self._toy: tuple[torch.Tensor, torch.Tensor] | None = None
+        if config.toy_world is not None:  # the conversations, already in blocks (toy_source)
+            from .toy_source import toy_world_blocks
+
+            self._toy = toy_world_blocks(config.toy_world, config.block_size)
         self._resume_pending = False
         self._reset(0)
 
     # ------------------------------------------------------------------ source
     def _describe(self) -> str:
+        if self._toy is not None:
+            return f"the toy world ({self._toy[0].shape[0]} conversations)"
         if self._texts is not None:
             return f"texts= ({len(self._texts)} records)"
         return f"files {self._files}" if self._files is not None else f"HF dataset {self.config.source!r}"
 
     def _records(self) -> Iterator[tuple[Any, str]]:
         cfg = self.config
-        if self._texts is not None:
+        if self._toy is not None:
+            yield from ((i, f"toy world conversation {i}") for i in range(self._toy[0].shape[0]))
+        elif self._texts is not None:
             yield from ((t, f"texts[{i}]") for i, t in enumerate(self._texts))
         elif self._files is not None:
             for path in self._files:
@@ -150,6 +163,7 @@ class TokenBlockDataset(IterableDataset):
                 "validation_every", "subset", "text_field", "txt_documents", "split", "dataset_config",
                 "sft_overflow", "sft_response_suffix")
         fp = {k: getattr(self.config, k) for k in keys}
+        fp["toy_world"] = None if self.config.toy_world is None else self.config.toy_world.to_dict()
         fp.update(rank=self.rank, world_size=self.world_size, eos_id=self.eos_id)
         return fp
 
@@ -293,11 +307,14 @@ class TokenBlockDataset(IterableDataset):
             self._block_index += 1
             if index % self.world_size != self.rank:
                 continue
-            messages, response = normalize_sft_record(rec, where)
-            ids, plen = build_sft_example(
-                messages, response, where, encode=self._encode, tokenizer=self.tokenizer,
-                render_prompt=self.render_prompt, block_size=cfg.block_size, eos_id=self._eos(),
-                overflow=cfg.sft_overflow, response_suffix=cfg.sft_response_suffix)
+            if self._toy is not None:
+                ids, plen = self._toy[0][rec].numpy(), int(self._toy[1][rec])
+            else:
+                messages, response = normalize_sft_record(rec, where)
+                ids, plen = build_sft_example(
+                    messages, response, where, encode=self._encode, tokenizer=self.tokenizer,
+                    render_prompt=self.render_prompt, block_size=cfg.block_size, eos_id=self._eos(),
+                    overflow=cfg.sft_overflow, response_suffix=cfg.sft_response_suffix)
             self._tokens_seen += plen
             yield ids.astype(np.int32), plen
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..config import ConfigBase, _check, _choice
+from .toy_config import ToyWorldData
 
 __all__ = ["DataConfig", "FILE_TYPES", "FORMATS", "SFT_OVERFLOW", "SUBSETS", "TXT_DOCUMENTS"]
 
@@ -30,8 +31,8 @@ def _is_int(v: Any) -> bool:
 class DataConfig(ConfigBase):
     """Where the data comes from and how it becomes training blocks.
 
-    Exactly one source: ``source`` (a Hugging Face dataset id), ``files`` (local paths/globs), or ``texts=`` given
-    to the dataset/loader.
+    Exactly one source: ``source`` (a Hugging Face dataset id), ``files`` (local paths/globs), ``toy_world`` (the
+    embedded toy world's conversations), or ``texts=`` given to the dataset/loader.
     """
 
     source: str | None = None
@@ -72,8 +73,17 @@ class DataConfig(ConfigBase):
     """SFT only: a conversation longer than block_size is an 'error' or is 'truncate'd."""
     sft_response_suffix: str = ""
     """SFT only: text appended to every response (e.g. an end-of-turn token)."""
+    toy_world: ToyWorldData | None = None
+    """Train on the embedded toy world's conversations (`ToyWorldData`: seed, n_topics, max_sentences, gen_length,
+    n_train) with its own tokenizer; needs format='sft'. The only source `eval_bayes_floor` accepts."""
+
+    _nested: ClassVar[dict[str, type[ConfigBase]]] = {"toy_world": ToyWorldData}
 
     def __post_init__(self) -> None:
+        if isinstance(self.toy_world, dict):
+            object.__setattr__(self, "toy_world", ToyWorldData.from_dict(self.toy_world))
+        _check(self.toy_world is None or isinstance(self.toy_world, ToyWorldData),
+               f"DataConfig.toy_world must be a mapping of toy-world settings or None, got {self.toy_world!r}")
         _choice("DataConfig.format", self.format, FORMATS)
         _choice("DataConfig.txt_documents", self.txt_documents, TXT_DOCUMENTS)
         _choice("DataConfig.subset", self.subset, SUBSETS)
@@ -111,6 +121,11 @@ class DataConfig(ConfigBase):
               f"DataConfig: give either source={self.source!r} (HF dataset id) or files, not both")
         _check(self.source is None or (isinstance(self.source, str) and bool(self.source.strip())),
               f"DataConfig.source must be a Hugging Face dataset id string, got {self.source!r}")
+        if self.toy_world is not None:
+            _check(self.source is None and files is None,
+                   f"DataConfig: give either toy_world or source={self.source!r} / files={files!r}, not both")
+            _check(self.format == "sft", f"DataConfig.format={self.format!r} is not valid with toy_world: the toy "
+                                         f"world's conversations are SFT blocks; set format='sft'")
         for f in files or ():
             ext = os.path.splitext(f)[1].lower()
             _check(ext in FILE_TYPES, f"DataConfig.files: unsupported file type {ext or '(none)'!r} for {f!r}; "

@@ -2,7 +2,8 @@
 checkpoint (`trainer_state/train_config.json`) and reloadable to the identical object.
 
 Presets live in ``configs/`` (``paper-8b.yaml`` = the paper's Table "Training hyperparameters"; ``toy.yaml`` = a
-tiny CPU run). :func:`load_train_config` reads a YAML/JSON preset and applies dotted ``key=value`` overrides
+tiny CPU run; ``toy-world.yaml`` = a CPU run on the toy world measured against its exact Bayes floor).
+:func:`load_train_config` reads a YAML/JSON preset and applies dotted ``key=value`` overrides
 (``lr=1e-4 data.block_size=64 objective_options.snr.lognormal_per_token=true``).
 """
 
@@ -19,6 +20,7 @@ from ..config import ConfigBase, ConfigError, DSLConfig, _check, read_config_fil
 from ..overrides import apply_overrides, parse_override_value
 from .data_config import DataConfig
 from .objectives import OBJECTIVES, ObjectiveConfig
+from .toy_config import BayesFloorConfig
 
 __all__ = ["TrainConfig", "load_train_config", "apply_overrides", "parse_override_value", "SCRATCH",
            "SPECIAL_TOKENIZERS"]
@@ -147,6 +149,11 @@ class TrainConfig(ConfigBase):
     set, else the first blocks of the training stream, unshuffled); results are averaged over processes."""
     eval_snrs: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 50.0)
     """SNRs of the fixed-SNR evaluation ('dsl')."""
+    eval_bayes_floor: BayesFloorConfig | None = None
+    """Toy world only (`data.toy_world`): every `every` updates and at the end, the held-out cross-entropy of the model,
+    of the world's exact Bayes-optimal denoiser (the floor) and their difference (the excess loss), on the same noise
+    draws: `eval/bayes_floor/{model_ce,floor,excess}` ('dsl': γ from `objective_options.snr`; the controls: masked
+    positions, mean over mask rates 0.1..1.0, each rate also logged). None = off."""
     logging: Literal["jsonl", "tensorboard", "wandb"] = "jsonl"
     """Metrics sink besides `metrics.jsonl` (always written): 'tensorboard' (output_dir/tensorboard) or 'wandb'
     (needs the optional wandb package)."""
@@ -165,6 +172,8 @@ class TrainConfig(ConfigBase):
                 object.__setattr__(self, name, sub.from_dict(v))
             elif not isinstance(v, sub):
                 raise ConfigError(f"{name}={v!r} must be a {sub.__name__} (or a dict of its fields)")
+        if isinstance(self.eval_bayes_floor, dict):
+            object.__setattr__(self, "eval_bayes_floor", BayesFloorConfig.from_dict(self.eval_bayes_floor))
         for name in ("betas", "eval_snrs"):
             v = getattr(self, name)
             if isinstance(v, list):
@@ -218,8 +227,21 @@ class TrainConfig(ConfigBase):
         _check(_is_int(self.eval_batches) and self.eval_batches >= 1, f"eval_batches={self.eval_batches!r} must be an int >= 1")
         _check(len(self.eval_snrs) >= 1 and all(_is_num(g) and g >= 0 for g in self.eval_snrs),
                f"eval_snrs={self.eval_snrs!r} must be a non-empty list of SNRs >= 0")
+        self._check_toy_world()
         _check(self.logging in LOGGERS, f"logging={self.logging!r} is not valid; expected one of {list(LOGGERS)}")
         _check(isinstance(self.project_name, str) and bool(self.project_name), "project_name must be a non-empty string")
+
+    def _check_toy_world(self) -> None:
+        floor = self.eval_bayes_floor
+        _check(floor is None or isinstance(floor, BayesFloorConfig),
+               f"eval_bayes_floor={floor!r} must be a mapping {{n_heldout: ..., every: ...}} or null (off)")
+        _check(floor is None or self.data.toy_world is not None,
+               "eval_bayes_floor needs the toy-world data source (data.toy_world: {...}, data.format: sft): the floor is "
+               "the toy world's exact denoiser's loss, which no other data has; set data.toy_world or remove "
+               "eval_bayes_floor")
+        _check(self.data.toy_world is None or self.tokenizer is None,
+               f"tokenizer={self.tokenizer!r} is not valid with data.toy_world: the toy world's conversations use the "
+               f"world's own word-level tokenizer; leave tokenizer out (null)")
 
     @property
     def converter_lr(self) -> float:

@@ -33,7 +33,7 @@ from ..utils import atomic_write_text
 from . import checkpointing as ckpt
 from . import monitor
 from .backends import Backend, make_backend
-from .components import ObjectiveModule, backbone_of, enable_gradient_checkpointing, flat_config, \
+from .components import ObjectiveModule, backbone_of, enable_gradient_checkpointing, flat_config, floor_evaluator, \
     load_training_model, make_accelerator, resolve_tokenizer, tokenizer_for_checkpoints
 from .train_config import SCRATCH, TrainConfig
 from .data import make_dataloader
@@ -214,12 +214,11 @@ class Trainer:
         """The tokenizer (returned) and this process's share of the data stream (`self.loader`)."""
         c = self.config
         init_dir = Path(c.init_from) if c.init_from and c.init_from != SCRATCH and Path(c.init_from).is_dir() else None
-        if self._tokenizer_arg is not None:
-            tok, self.tokenizer_dir = self._tokenizer_arg, None
-        else:
-            tok, self.tokenizer_dir = resolve_tokenizer(c, init_dir or self.resume_from)
+        tok, self.tokenizer_dir = (self._tokenizer_arg, None) if self._tokenizer_arg is not None else \
+            resolve_tokenizer(c, init_dir or self.resume_from)
         self.loader = make_dataloader(c.data, tok, batch_size=c.per_device_batch_size, rank=self.rank,
                                       world_size=self.world, texts=self._texts, eos_id=self.special.eos)
+        self.floor = floor_evaluator(c)
         self._eval_batches: list[dict[str, torch.Tensor]] | None = None
         self._tok = tok
         return tok
@@ -467,8 +466,11 @@ class Trainer:
         if c.eval_every and (step % c.eval_every == 0 or last):
             ev = self._evaluate()
             result.evals[step] = ev
-            record.update(ev)
-            record["step"] = step
+            record.update(ev, step=step)
+        if self.floor is not None and self.floor.due(step, last):
+            floor = self.floor.run(self.backend.wrapped, step, self.main)
+            result.evals.setdefault(step, {}).update(floor)
+            record.update(floor, step=step)
         if record and self.main:
             append_record(self.output_dir / METRICS_FILE, record)
             if self.acc.log_with:
