@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ..backbones import load_backbone, save_backbone
+from ..backbones import save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import Backbone, SpecialTokens
 from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
 from ..environment import environment_record, finish_record
-from ..loading import DTYPES
+from ..loading import DTYPES, load_model
 from ..eval.report import pivot, plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
@@ -254,7 +254,9 @@ class Demo:
         path, hit = self._cached("pretrained-mdm", key)
         if hit:
             self.echo(f"[1/4] pretrained masked DLM: cached ({path.name})")
-            return LLaDABackbone.from_pretrained(path, special=self.special)
+            cached = load_model(path, special=self.special)
+            assert isinstance(cached, LLaDABackbone)  # the stage saved one
+            return cached
         self.echo(f"[1/4] pretraining a tiny LLaDA-architecture masked DLM ({self.cfg.pretrain.steps} MDM steps)")
         bb = self._fresh_backbone()
         t = time.perf_counter()
@@ -282,7 +284,7 @@ class Demo:
             self.echo(f"      {label}: cached ({path.name})")
             if (path / "stop.json").is_file():
                 self.stops[objective] = json.loads((path / "stop.json").read_text())
-            return DSLModel.from_pretrained(path) if objective == "dsl" else load_backbone(path, special=self.special)
+            return load_model(path, special=self.special)  # a DSL checkpoint for "dsl", a backbone for the controls
         self.echo(f"      {label} ({stage.steps} steps" + (f", ending once the held-out excess loss over the Bayes "
                                                           f"floor is <= {target:g} nats)" if target else ")"))
         copied = self._copy_backbone(base)
