@@ -92,9 +92,13 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from .toy.demo import run_demo_cli
+    """Parse the flags into DemoSettings and run the library's `run_demo`."""
+    from .toy.demo_command import DemoSettings, run_demo
 
-    return run_demo_cli(a)
+    return run_demo(DemoSettings(out=a.out, quick=a.quick, controls=a.controls, from_scratch=a.from_scratch,
+                                 seed=a.seed, dtype=a.dtype, seeds=a.seeds, sweep=a.sweep,
+                                 cache_frontier=a.cache_frontier, sweep_prompts=a.sweep_prompts,
+                                 progress=not a.quiet))
 
 
 COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backbones.base import Backbone
 from .config import DSLConfig
 from .errors import CheckpointError
 from .loading import check_tokenizer_files, is_dsl_checkpoint, load_model, parse_dtype
@@ -78,7 +79,9 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
         if is_dsl_checkpoint(backbone):
             raise CheckpointError(f"{backbone!r} is already a DSL checkpoint (it has a noise embedding); convert "
                                   f"makes one from a backbone folder")
-        model = DSLModel.convert(load_model(backbone, dtype=parse_dtype(settings.dtype)), settings.config)
+        loaded = load_model(backbone, dtype=parse_dtype(settings.dtype), backbone_only=True)
+        assert isinstance(loaded, Backbone)
+        model = DSLModel.convert(loaded, settings.config)
         model.save_pretrained(output, tokenizer_from=backbone)  # every tokenizer file, the chat template included
 
 
