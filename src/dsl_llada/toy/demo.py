@@ -425,4 +425,3 @@ class Demo:
             atomic_write_text(out / "bayes_floor.json", json.dumps({"rows": list(floors), "stops": self.stops}, indent=1))
             plot_excess(floors, out / "excess_loss.png")
         atomic_write_text(out / "report.md", render_report(self, rows, fixclean, models, floors))
-
