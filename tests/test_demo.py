@@ -9,6 +9,7 @@ import pytest
 
 from dsl_llada.cli import main
 from dsl_llada.toy.demo import DemoConfig
+from dsl_llada.toy.demo_command import DemoSettings, run_demo
 
 EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block",
                     "ReMDM", "DSL-Remask", "Oracle DSL-SDE", "Oracle DSL-SDE (eta=1, beta_inf=beta)", "Oracle LLaDA"}
@@ -87,11 +88,24 @@ def test_seeds_option_is_bounded(tmp_path, capsys):
     assert not (tmp_path / "d").exists()  # refused before anything was written
 
 
-def test_second_run_reuses_cached_models(quick_report, capsys):
-    assert main(["demo", "--quick", "--out", str(quick_report), "-q"]) == 0
+def test_second_run_reuses_cached_models_as_a_library_call(quick_report, capsys):
+    before = (quick_report / "results.jsonl").read_bytes()
+    assert run_demo(DemoSettings(out=str(quick_report), quick=True, progress=False)) == 0
     out = capsys.readouterr().out
     assert "pretrained masked DLM: the one shipped with the package" in out
     assert "DSL continue-pretraining: cached" in out
+    if "MDM-CPT" not in before.decode():  # (the --controls test, when it ran first, added the controls' rows)
+        assert (quick_report / "results.jsonl").read_bytes() == before  # the cached checkpoint samples the same
+
+
+def test_demo_settings_refuse_bad_values(tmp_path):
+    with pytest.raises(ValueError, match=r"--dtype 'fp16' is not valid; expected one of \['auto', 'float32'"):
+        DemoSettings(out=str(tmp_path / "d"), dtype="fp16")
+    with pytest.raises(ValueError, match="--sweep and --cache-frontier are two runs; pass one"):
+        DemoSettings(out=str(tmp_path / "d"), sweep=True, cache_frontier=True)
+    with pytest.raises(ValueError, match="--seed -1 is out of range"):
+        run_demo(DemoSettings(out=str(tmp_path / "d"), quick=True, seed=-1))
+    assert not (tmp_path / "d").exists()
 
 
 def test_demo_help(capsys):

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
@@ -85,69 +84,21 @@ def _convert_config(a: argparse.Namespace) -> DSLConfig:
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
-    from .backbones import load_backbone
-    from .loading import check_tokenizer_files, parse_dtype
-    from .model import DSLModel
+    """Parse the flags into ConvertSettings and run the library's `run_convert`."""
+    from .convert_command import ConvertSettings, run_convert
 
-    cfg = _convert_config(a)
-    from .backbones import resolve_model_path
-
-    a.backbone = str(resolve_model_path(a.backbone, allow_download=a.allow_download))
-    if a.dry_run:
-        return _convert_dry_run(a)
-    if a.output is None:
-        raise ValueError("convert needs an OUTPUT folder (or --dry-run to only print the memory estimate)")
-    from .locks import output_lock
-    from .outputs import prepare_output_dir
-    from .utils import remove_stale_temp_folders
-
-    with output_lock(a.output, what="output folder"):  # one writer per output, before anything is written
-        prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")
-        removed, kept = remove_stale_temp_folders(a.output)
-        for p in removed:
-            print(f"note: removed {str(p)!r}, a temp folder left by an interrupted convert", file=sys.stderr)
-        for p in kept:
-            print(f"warning: {str(p)!r} looks like a temp folder of an interrupted convert but holds other files; "
-                  f"left alone — remove it yourself", file=sys.stderr)
-        check_tokenizer_files(a.backbone)  # copied into the checkpoint below: never copy a damaged file
-        backbone = load_backbone(a.backbone, dtype=parse_dtype(a.dtype))
-        model = DSLModel.convert(backbone, cfg)
-        model.save_pretrained(a.output, tokenizer_from=a.backbone)  # every tokenizer file, the chat template included
-    c = cfg.converter
-    print(f"wrote DSL checkpoint to {a.output} (noise_dim={c.noise_dim}, beta_init={c.beta_init}, layout={c.layout})")
-    return 0
-
-
-def _convert_dry_run(a: argparse.Namespace) -> int:
-    from .backbones.llada import LLaDAConfig
-    from .checkpoint import read_json
-    from .quantize import memory_estimate
-
-    data = read_json(Path(a.backbone) / "config.json", "backbone config")
-    if data.get("model_type", "llada") != "llada":
-        raise ValueError(f"--dry-run estimates LLaDA-architecture backbones (model_type 'llada'); {a.backbone} has "
-                         f"model_type={data.get('model_type')!r}")
-    cfg = LLaDAConfig.from_hf_dict(data, where=str(Path(a.backbone) / "config.json"))
-    noise_dim = _convert_config(a).converter.noise_dim
-    rows = [memory_estimate(cfg, noise_dim=noise_dim, dtype=dt, quantize=q)
-            for dt, q in (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))]
-    print(f"DSL model from {a.backbone}: d_model {cfg.d_model}, {cfg.n_layers} layers, vocabulary {cfg.vocab_size}, "
-          f"noise dim {noise_dim}: {rows[0]['parameters'] / 1e9:.2f} B parameters (nothing written)")
-    print("| weights | backbone linear GiB | embedding + norms GiB | converter + noise table GiB | total GiB |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        name = r["dtype"] + (" + int8 backbone (--quantize int8)" if r["quantize"] == "int8" else "")
-        print(f"| {name} | {r['backbone_linear_gib']:.2f} | {r['backbone_other_gib']:.2f} | "
-              f"{r['dsl_converter_and_noise_gib']:.2f} | {r['total_gib']:.2f} |")
-    print("Weights only: activations, the converter's (256, V+1) fp32 buffer and logits come on top; the checkpoint "
-          f"on disk is written in --dtype ({a.dtype}).")
-    return 0
+    return run_convert(ConvertSettings(backbone=a.backbone, output=a.output, config=_convert_config(a), dtype=a.dtype,
+                                       overwrite=a.overwrite, allow_download=a.allow_download, dry_run=a.dry_run))
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from .toy.demo import run_demo_cli
+    """Parse the flags into DemoSettings and run the library's `run_demo`."""
+    from .toy.demo_command import DemoSettings, run_demo
 
-    return run_demo_cli(a)
+    return run_demo(DemoSettings(out=a.out, quick=a.quick, controls=a.controls, from_scratch=a.from_scratch,
+                                 seed=a.seed, dtype=a.dtype, seeds=a.seeds, sweep=a.sweep,
+                                 cache_frontier=a.cache_frontier, sweep_prompts=a.sweep_prompts,
+                                 progress=not a.quiet))
 
 
 COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")

@@ -22,7 +22,7 @@ from .backbones import load_backbone
 from .backbones.base import Backbone, CheckpointError, SpecialTokens, context_limit
 from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
-from .model import DSLModel
+from .model import DSL_PREFIXES, DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
 from .utils import not_text
 
@@ -98,14 +98,21 @@ def is_dsl_checkpoint(path: str | Path) -> bool:
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               assume_released: bool = False) -> DSLModel | Backbone:
+               assume_released: bool = False, special: SpecialTokens | None = None,
+               backbone_only: bool = False) -> DSLModel | Backbone:
     """A DSL checkpoint (`is_dsl_checkpoint`) loads as DSLModel; anything else as a bare backbone.
     `assume_released`: a DSL checkpoint without dsl_config.json is the released layout (else refused).
-    Commands open models with `open_model` (this plus the tokenizer, device, dtype and checks)."""
+    `special`: the model's special token ids (default: read from the folder's config and tokenizer files).
+    `backbone_only`: a DSL checkpoint's backbone alone (its converter and noise table are not read).
+    Commands open models with `open_model` (this plus the tokenizer, device, dtype and checks); the toy demo's
+    cached stages and the trainer's starting point load with this directly."""
     check_device(device)
-    if is_dsl_checkpoint(path):
-        return DSLModel.from_pretrained(path, dtype=dtype, device=device, assume_released=assume_released).eval()
-    return load_backbone(path, dtype=dtype, device=device).eval()
+    dsl = is_dsl_checkpoint(path)
+    if dsl and not backbone_only:
+        return DSLModel.from_pretrained(path, dtype=dtype, device=device, special=special,
+                                        assume_released=assume_released).eval()
+    return load_backbone(path, dtype=dtype, device=device, special=special,
+                         extra_keys_ok=DSL_PREFIXES if dsl else ()).eval()
 
 
 TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 EPILOG = """\
@@ -60,37 +59,17 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_eval_run(a: argparse.Namespace) -> int:
+    """Parse the flags and the config into EvalRunSettings and run the library's `run_eval_command`."""
+    from .eval_command import EvalRunSettings, run_eval_command
     from .eval_config import load_eval_config
-    from .runner import run_eval
 
     cfg = load_eval_config(a.config, a.overrides)
     if a.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         return 0
-    if a.overwrite and a.new_run:
-        raise ValueError("pass either --overwrite or --new-run, not both")
-    if not 0.0 <= a.max_error_rate <= 1.0:
-        raise ValueError(f"--max-error-rate={a.max_error_rate} must be a fraction in [0, 1] (e.g. 0.05)")
-    out = Path(a.out) if a.out else Path("eval-runs") / Path(a.config).stem
-    res = run_eval(cfg, out, overwrite=a.overwrite, new_run=a.new_run, progress=not a.quiet, report=not a.no_report)
-    main_rank = os.environ.get("RANK", "0") == "0"
-    if main_rank:
-        print(json.dumps({"run_dir": str(res.run_dir), "items": res.n_items, "run_now": res.n_run,
-                          "errors_now": res.n_errors, "world_size": res.world_size,
-                          "errors": {t: st["errors"] for t, st in res.error_stats.items()},
-                          "summary": None if a.no_report else str(res.run_dir / "summary.md")}))
-    failed = res.failed_tasks(a.max_error_rate)
-    if failed:
-        if main_rank:
-            import sys
-
-            for t in failed:
-                st = res.error_stats[t]
-                print(f"error: task {t}: {st['errors']} of {st['n']} items errored ({100 * st['rate']:.1f} % > "
-                      f"--max-error-rate {100 * a.max_error_rate:g} %); most common ({st['most_common_count']}x): "
-                      f"{st['most_common']}", file=sys.stderr)
-        return 1
-    return 0
+    out = a.out if a.out else str(Path("eval-runs") / Path(a.config).stem)
+    return run_eval_command(EvalRunSettings(cfg, out, overwrite=a.overwrite, new_run=a.new_run, report=not a.no_report,
+                                            max_error_rate=a.max_error_rate, progress=not a.quiet))
 
 
 def cmd_eval_report(a: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ by one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -92,6 +93,44 @@ def _diffusion_time(done_steps: int, steps: int) -> float:
     return 1.0 - done_steps / steps
 
 
+@dataclass
+class _Run:
+    """One remasking run: the loop's constants and the per-row state that follows the rows a callback drops."""
+
+    forward: ForwardCounter
+    config: RemaskConfig
+    special: SpecialTokens
+    P: int
+    """Prompt length (left-padded): the response starts at column P."""
+    steps_per_block: int
+    n_suppress: int
+    x: torch.Tensor
+    """(B, P + L) prompt and response ids."""
+    attn: torch.Tensor | None
+    prompt_real: torch.Tensor
+    rng: RowRNG
+    cache: WindowKVCache | None
+    row_steps: torch.Tensor
+    """(B, blocks) steps each row took per block."""
+    live: LiveRows
+    callback: StepCallback | None
+    trajectory: list[torch.Tensor] | None
+    buffers: tuple[LogitsBuffer, LogitsBuffer] = field(default_factory=lambda: (LogitsBuffer(), LogitsBuffer()))
+    """Conditional and unconditional (CFG) block logits."""
+    schedule: torch.Tensor | None = None
+    """(B, steps_per_block) commits per step of the current block."""
+    step: int = 0
+
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Rows left the batch: every per-row state follows (docs/design.md, "Observers")."""
+        self.x, self.prompt_real = self.x[keep], self.prompt_real[keep]
+        self.schedule = None if self.schedule is None else self.schedule[keep]
+        self.row_steps = self.row_steps[keep.cpu()]
+        self.attn = None if self.attn is None else self.attn[keep]
+        if self.cache is not None:
+            self.cache.select_rows(keep)
+
+
 @torch.no_grad()
 @denormals_flushed_during
 def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig | None = None, *,
@@ -111,79 +150,89 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     """
     config = config or RemaskConfig()
     callback = with_progress(callback, progress, "remask")
-    special = model.special
-    mask_id = special.mask
-    device = model_device(model, fallback=prompts.ids.device)
-    prompts = prompts.to(device)
-    B, P, L = prompts.batch_size, prompts.length, config.gen_length
-    check_prompt_fits(context_limit(model), prompts, L)
-    rng = RowRNG(generator, B)
-
-    x = torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1)
-    attn = prompts.full_attention_mask(L)
-    prompt_real = prompts.attention_mask.to(torch.bool)
-    cache = _window_cache(model, config)
-    forward = ForwardCounter(cache if cache is not None else _forward(model, config.compile))
-
+    prompts = prompts.to(model_device(model, fallback=prompts.ids.device))
+    check_prompt_fits(context_limit(model), prompts, config.gen_length)
+    run = _start(model, prompts, config, generator, callback, return_trajectory)
     blk = config.effective_block_length
-    n_blocks = L // blk
+    for k_blk in range(config.gen_length // blk):
+        _run_block(run, k_blk, run.P + k_blk * blk, run.P + (k_blk + 1) * blk)
+        if run.x.shape[0] == 0:
+            break
+    return _output(run)
+
+
+def _start(model: DiscreteModel, prompts: PromptBatch, config: RemaskConfig,
+           generator: torch.Generator | Sequence[torch.Generator] | None, callback: StepCallback | None,
+           return_trajectory: bool) -> _Run:
+    """The run's state before the first step: [prompt | MASK x L] and the loop's constants."""
+    B, P, L, device = prompts.batch_size, prompts.length, config.gen_length, prompts.ids.device
+    mask_id = model.special.mask
+    cache = _window_cache(model, config)
+    n_blocks = L // config.effective_block_length
     S_b = config.steps // n_blocks
-    n_suppress = suppressed_steps(config.eos_suppress_ratio, S_b)
-    trajectory: list[torch.Tensor] | None = [] if return_trajectory else None
-    schedule = torch.zeros(B, S_b, dtype=torch.long, device=device)
-    row_steps = torch.zeros(B, n_blocks, dtype=torch.long)  # steps each row took per block
-    live = LiveRows(B)
-    buffers = (LogitsBuffer(), LogitsBuffer())  # conditional, unconditional (CFG) block logits
-    step = 0
+    return _Run(forward=ForwardCounter(cache if cache is not None else _forward(model, config.compile)), config=config,
+                special=model.special, P=P, steps_per_block=S_b, n_suppress=suppressed_steps(config.eos_suppress_ratio, S_b),
+                x=torch.cat([prompts.ids, torch.full((B, L), mask_id, dtype=torch.long, device=device)], dim=1),
+                attn=prompts.full_attention_mask(L), prompt_real=prompts.attention_mask.to(torch.bool),
+                rng=RowRNG(generator, B), cache=cache, row_steps=torch.zeros(B, n_blocks, dtype=torch.long),
+                live=LiveRows(B), callback=callback, trajectory=[] if return_trajectory else None)
 
-    for k_blk in range(n_blocks):
-        lo, hi = P + k_blk * blk, P + (k_blk + 1) * blk
-        schedule = block_schedule(x[:, lo:hi] == mask_id, S_b)
-        if cache is not None:
-            cache.start_window(lo, hi)
-        for i in range(S_b):
-            quota, active = schedule[:, i], None
-            if config.threshold is not None:  # data-dependent: the block ends when no row has a mask left in it
-                n_left = (x[:, lo:hi] == mask_id).sum(dim=1)
-                if not bool(n_left.any()):
-                    break
-                quota, active = remaining_quota(n_left, S_b - i), n_left > 0
-            logits = _guided_logits(forward, x, attn, prompt_real, lo, hi, config, special, i, n_suppress, buffers)
-            st = _step_rows(logits, x[:, lo:hi], quota, active, block_step=i, steps_per_block=S_b, config=config,
-                            mask_id=mask_id, rng=rng)
-            x[:, lo:hi] = st.tokens
-            row_steps[:, k_blk] += (torch.ones(x.shape[0], dtype=torch.long) if active is None else active.cpu())
 
-            if trajectory is not None:  # .cpu() of a CPU tensor would alias x
-                trajectory.append(live.expand(x[:, P:].to("cpu", copy=True), mask_id))
-            if callback is not None:
-                info = _step_info(x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=step, block=k_blk,
-                                  block_step=i, rows=live.rows)
-                callback(info)
-                keep = live.after(info, rng, device)
-                del info
-                if keep is not None:  # rows left the batch: every per-row state follows (docs/design.md, "Observers")
-                    x, schedule, prompt_real = x[keep], schedule[keep], prompt_real[keep]
-                    row_steps = row_steps[keep.cpu()]
-                    attn = None if attn is None else attn[keep]
-                    if cache is not None:
-                        cache.select_rows(keep)
-            step += 1
-            del logits  # the buffers' next view finds them unshared unless a callback kept this step's logits
-            if x.shape[0] == 0:
+def _run_block(run: _Run, k_blk: int, lo: int, hi: int) -> None:
+    """Decode block `k_blk` (columns lo:hi) in at most `steps_per_block` steps."""
+    mask_id, S_b = run.special.mask, run.steps_per_block
+    run.schedule = block_schedule(run.x[:, lo:hi] == mask_id, S_b)
+    if run.cache is not None:
+        run.cache.start_window(lo, hi)
+    for i in range(S_b):
+        quota, active = run.schedule[:, i], None
+        if run.config.threshold is not None:  # data-dependent: the block ends when no row has a mask left in it
+            n_left = (run.x[:, lo:hi] == mask_id).sum(dim=1)
+            if not bool(n_left.any()):
                 break
-        if x.shape[0] == 0:
+            quota, active = remaining_quota(n_left, S_b - i), n_left > 0
+        _one_step(run, k_blk, i, lo, hi, quota, active)
+        if run.x.shape[0] == 0:
             break
 
-    ids = x[:, P:]
+
+def _one_step(run: _Run, k_blk: int, i: int, lo: int, hi: int, quota: torch.Tensor, active: torch.Tensor | None) -> None:
+    """One denoising step of the current block: guided logits, commits, trajectory, callback (which may drop rows).
+    The step's logits are released on return, so the buffers' next view finds them unshared unless a callback
+    kept them."""
+    config, mask_id, P = run.config, run.special.mask, run.P
+    logits = _guided_logits(run.forward, run.x, run.attn, run.prompt_real, lo, hi, config, run.special, i,
+                            run.n_suppress, run.buffers)
+    st = _step_rows(logits, run.x[:, lo:hi], quota, active, block_step=i, steps_per_block=run.steps_per_block,
+                    config=config, mask_id=mask_id, rng=run.rng)
+    run.x[:, lo:hi] = st.tokens
+    run.row_steps[:, k_blk] += (torch.ones(run.x.shape[0], dtype=torch.long) if active is None else active.cpu())
+    if run.trajectory is not None:  # .cpu() of a CPU tensor would alias x
+        run.trajectory.append(run.live.expand(run.x[:, P:].to("cpu", copy=True), mask_id))
+    if run.callback is not None:
+        info = _step_info(run.x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=run.step, block=k_blk,
+                          block_step=i, rows=run.live.rows)
+        run.callback(info)
+        keep = run.live.after(info, run.rng, run.x.device)
+        del info
+        if keep is not None:
+            run.keep_rows(keep)
+    run.step += 1
+
+
+def _output(run: _Run) -> SampleOutput:
+    """The SampleOutput of a finished run: dropped rows back at their places ([MASK] ids, length 0)."""
+    config, mask_id = run.config, run.special.mask
+    ids = run.x[:, run.P:]
     if config.truncate_at_eos:
-        lengths = stop_lengths(ids, special.stop_ids())
+        lengths = stop_lengths(ids, run.special.stop_ids())
     else:
-        lengths = torch.full((x.shape[0],), L, dtype=torch.long, device=device)
-    return SampleOutput(ids=live.expand(ids.to("cpu", copy=True), mask_id), lengths=live.expand(lengths.cpu(), 0),
-                        nfe=config.steps if config.threshold is None else step, forward_passes=forward.count, trajectory=trajectory,
-                        config={"sampler": config.sampler_name, **config.to_dict()}, dropped=live.dropped,
-                        steps_per_block=live.expand(row_steps, 0))
+        lengths = torch.full((run.x.shape[0],), config.gen_length, dtype=torch.long, device=run.x.device)
+    return SampleOutput(ids=run.live.expand(ids.to("cpu", copy=True), mask_id),
+                        lengths=run.live.expand(lengths.cpu(), 0),
+                        nfe=config.steps if config.threshold is None else run.step, forward_passes=run.forward.count,
+                        trajectory=run.trajectory, config={"sampler": config.sampler_name, **config.to_dict()},
+                        dropped=run.live.dropped, steps_per_block=run.live.expand(run.row_steps, 0))
 
 
 def _step_info(response: torch.Tensor, st: RemaskStep, logits: torch.Tensor, window: tuple[int, int],

@@ -126,8 +126,7 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
     limit = context_limit(model)
     default_len = SDEConfig().gen_length if limit is None else min(SDEConfig().gen_length, max(8, limit // 4))
     default_nfe = {name: getattr(spec.config_class(), spec.steps_field) for name, spec in REGISTRY.items()}
-
-    _live = _live_factory(model, tokenizer)
+    live = _live_factory(model, tokenizer)
 
     with gr.Blocks(title=title, analytics_enabled=False) as blocks:
         gr.Markdown(f"## {title}\nWatch the denoising: each row is a step (SNR γ for the SDE, time t for remasking), "
@@ -155,47 +154,55 @@ def build_ui(model, tokenizer, *, title: str = "dsl-llada"):
         state_b, slider_b, view_b = _step_view(gr, "b")
         gr.Markdown(environment_footer(model), elem_id="env-footer")
 
-        def check(prompt_text, length, use_chat, two, knobs):
-            """(prompt ids, [(sampler, config)]) or a RequestError/ValueError with the reason."""
-            ids = encode_prompt(tokenizer, prompt_text or "", chat_template=bool(use_chat))
-            cfgs = [settings_to_config(model, knobs[0], knobs[1], length, knobs[2], knobs[3], knobs[4])]
-            if two:
-                cfgs.append(settings_to_config(model, knobs[5], knobs[6], length, knobs[7], knobs[8], knobs[9]))
-            if not ids:
-                raise ValueError("the prompt encodes to no tokens")
-            if limit is not None and len(ids) + cfgs[0][1].gen_length > limit:
-                raise ValueError(f"prompt ({len(ids)} tokens) + response length exceeds the model's context of {limit}")
-            return ids, cfgs
-
-        def go(prompt_text, seed_v, length, use_chat, two, *knobs):
-            # every run starts by clearing the last run's error; an error is shown in the status line (and the
-            # panels keep what they showed), so a later successful run leaves no stale error behind
-            blank = [render_grid(None), "", "", None, gr.update(maximum=2, value=1), render_step(None, 1)]
-            shown: list[list] = [list(blank), list(blank)]
-            if not two:
-                shown[1][2] = "(off)"
-            try:
-                ids, cfgs = check(prompt_text, length, use_chat, two, knobs)
-            except (RequestError, ValueError) as e:
-                yield [f"**error:** {e}", *[gr.update() for _ in range(12)]]
-                return
-            yield ["", *shown[0], *shown[1]]
-            for k, (name, cfg) in enumerate(cfgs):
-                try:
-                    for trace, running in _live(ids, name, cfg, int(seed_v or 0)):
-                        n = len(trace.steps)
-                        shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running),
-                                    None if running else trace,
-                                    gr.update() if running else gr.update(maximum=max(2, n), value=max(1, n)),
-                                    gr.update() if running else render_step(trace, n)]
-                        yield ["", *shown[0], *shown[1]]
-                except Exception as e:  # noqa: BLE001 - a failing sampler run is shown in the page
-                    yield [f"**error:** {type(e).__name__}: {e}", *shown[0], *shown[1]]
-                    return
-
+        go = _runner(gr, model, tokenizer, limit, live)
         run.click(go, [prompt, seed, gen_length, chat, compare, *knobs_a, *knobs_b],
                   [status, grid_a, *outs_a, state_a, slider_a, view_a, grid_b, *outs_b, state_b, slider_b, view_b])
     return blocks
+
+
+def _check_request(model, tokenizer, limit: int | None, prompt_text, length, use_chat, two, knobs):
+    """(prompt ids, [(sampler, config)]) of the page's inputs, or a RequestError/ValueError with the reason."""
+    ids = encode_prompt(tokenizer, prompt_text or "", chat_template=bool(use_chat))
+    cfgs = [settings_to_config(model, knobs[0], knobs[1], length, knobs[2], knobs[3], knobs[4])]
+    if two:
+        cfgs.append(settings_to_config(model, knobs[5], knobs[6], length, knobs[7], knobs[8], knobs[9]))
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    if limit is not None and len(ids) + cfgs[0][1].gen_length > limit:
+        raise ValueError(f"prompt ({len(ids)} tokens) + response length exceeds the model's context of {limit}")
+    return ids, cfgs
+
+
+def _runner(gr, model, tokenizer, limit: int | None, live):
+    """The Run button's handler: validate the inputs, then run each sampler and stream its trace into the page."""
+
+    def go(prompt_text, seed_v, length, use_chat, two, *knobs):
+        # every run starts by clearing the last run's error; an error is shown in the status line (and the
+        # panels keep what they showed), so a later successful run leaves no stale error behind
+        blank = [render_grid(None), "", "", None, gr.update(maximum=2, value=1), render_step(None, 1)]
+        shown: list[list] = [list(blank), list(blank)]
+        if not two:
+            shown[1][2] = "(off)"
+        try:
+            ids, cfgs = _check_request(model, tokenizer, limit, prompt_text, length, use_chat, two, knobs)
+        except (RequestError, ValueError) as e:
+            yield [f"**error:** {e}", *[gr.update() for _ in range(12)]]
+            return
+        yield ["", *shown[0], *shown[1]]
+        for k, (name, cfg) in enumerate(cfgs):
+            try:
+                for trace, running in live(ids, name, cfg, int(seed_v or 0)):
+                    n = len(trace.steps)
+                    shown[k] = [render_grid(trace), trace.text if not running else "", _stats(trace, running),
+                                None if running else trace,
+                                gr.update() if running else gr.update(maximum=max(2, n), value=max(1, n)),
+                                gr.update() if running else render_step(trace, n)]
+                    yield ["", *shown[0], *shown[1]]
+            except Exception as e:  # noqa: BLE001 - a failing sampler run is shown in the page
+                yield [f"**error:** {type(e).__name__}: {e}", *shown[0], *shown[1]]
+                return
+
+    return go
 
 
 def _live_factory(model, tokenizer):

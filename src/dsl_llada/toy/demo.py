@@ -22,23 +22,22 @@ from typing import Any
 
 import torch
 
-from ..backbones import load_backbone, save_backbone
+from ..backbones import save_backbone
 from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import Backbone
 from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
 from ..environment import environment_record, finish_record
-from ..loading import DTYPES
-from ..eval.report import pivot, plot_nfe_curves
+from ..loading import DTYPES, load_model
+from ..eval.report import plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
 from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, \
     score_record
 from .cache_frontier import FrontierConfig, run_frontier
-from .frontier_report import recommendation_lines, write_frontier
+from .frontier_report import write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
 from .tasks import make_split
 from .tokenizer import build_tokenizer, special_tokens
-from .verdicts import verdict_lines, verdicts
 from .world import ToyWorld, ToyWorldConfig
 from .bayes_floor import dsl_excess
 from .demo_report import render_report
@@ -248,7 +247,9 @@ class Demo:
         path, hit = self._cached("pretrained-mdm", key)
         if hit:
             self.echo(f"[1/4] pretrained masked DLM: cached ({path.name})")
-            return LLaDABackbone.from_pretrained(path, special=self.special)
+            cached = load_model(path, special=self.special)
+            assert isinstance(cached, LLaDABackbone)  # the stage saved one
+            return cached
         self.echo(f"[1/4] pretraining a tiny LLaDA-architecture masked DLM ({self.cfg.pretrain.steps} MDM steps)")
         bb = self._fresh_backbone()
         t = time.perf_counter()
@@ -276,7 +277,7 @@ class Demo:
             self.echo(f"      {label}: cached ({path.name})")
             if (path / "stop.json").is_file():
                 self.stops[objective] = json.loads((path / "stop.json").read_text())
-            return DSLModel.from_pretrained(path) if objective == "dsl" else load_backbone(path, special=self.special)
+            return load_model(path, special=self.special)  # a DSL checkpoint for "dsl", a backbone for the controls
         self.echo(f"      {label} ({stage.steps} steps" + (f", ending once the held-out excess loss over the Bayes "
                                                           f"floor is <= {target:g} nats)" if target else ")"))
         copied = self._copy_backbone(base)
@@ -422,41 +423,3 @@ class Demo:
             atomic_write_text(out / "bayes_floor.json", json.dumps({"rows": list(floors), "stops": self.stops}, indent=1))
             plot_excess(floors, out / "excess_loss.png")
         atomic_write_text(out / "report.md", render_report(self, records, rows, fixclean, models, floors))
-
-
-def run_demo_cli(args) -> int:
-    """Entry point of `dsl-llada demo` (prints; the library parts log)."""
-    from ..outputs import prepare_output_dir
-
-    from ..loading import auto_dtype
-
-    dtype = str(auto_dtype("cpu")).removeprefix("torch.") if args.dtype == "auto" else args.dtype
-    cfg = DemoConfig.preset(quick=args.quick, controls=args.controls, seed=args.seed, sample_seeds=args.seeds,
-                            dtype=dtype, from_scratch=args.from_scratch)
-    prepare_output_dir(args.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
-    sweep = SweepConfig.preset(quick=args.quick, n_open=args.sweep_prompts, seed=args.seed) if args.sweep else None
-    demo = Demo(cfg, Path(args.out), progress=not args.quiet)
-    if args.cache_frontier:
-        t0 = time.perf_counter()
-        rows = demo.cache_frontier(FrontierConfig.preset(quick=args.quick, seed=args.seed))
-        for line in recommendation_lines(rows):
-            print(line)
-        print(f"cache frontier: {Path(args.out) / 'cache_frontier' / 'frontier.md'}  (plot: frontier.png, timed runs: "
-              f"runs.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
-        return 0
-    if sweep is not None:
-        t0 = time.perf_counter()
-        demo.sweep(sweep)
-        print(f"sweep table: {Path(args.out) / 'sweep' / 'sweep.md'}  (plot: sweep.png, rows with configs: "
-              f"sweep.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
-        return 0
-    result = demo.run()
-    open_rows = [r for r in result["rows"] if r["task"] == "open"]
-    print()
-    print(pivot(open_rows, "ppl"))
-    print()
-    print("\n".join(verdict_lines(verdicts(result["rows"], result["records"]))))
-    print()
-    print(f"report: {Path(args.out) / 'report.md'}  (plot: nfe_curve.png, samples: results.jsonl)")
-    print(f"total time: {result['timings']['total_s']:.0f} s")
-    return 0

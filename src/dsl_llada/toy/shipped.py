@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..backbones import load_backbone
 from ..backbones.base import SpecialTokens
 from ..backbones.llada import LLaDABackbone
 from ..errors import CheckpointError
+from ..loading import load_model
 
 __all__ = ["load_pretrained", "recipe", "shipped_dir"]
 
@@ -44,6 +44,6 @@ def load_pretrained(key: dict[str, Any], special: SpecialTokens) -> LLaDABackbon
             raise CheckpointError(f"the package's pretrained toy model file {folder / name} has SHA-256 {got}, not "
                                   f"the recorded {digest}: the installation is damaged (reinstall the package), or "
                                   f"run `dsl-llada demo --from-scratch`")
-    backbone = load_backbone(folder, special=special)
+    backbone = load_model(folder, special=special)
     assert isinstance(backbone, LLaDABackbone)
     return backbone

@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..backbones import load_backbone
 from ..backbones.base import Backbone, SpecialTokens
 from ..backbones.llada import LLaDABackbone, LLaDAConfig
-from ..loading import is_dsl_checkpoint
+from ..loading import is_dsl_checkpoint, load_model
 from ..config import ConfigError
-from ..model import DSL_PREFIXES, DSLModel
+from ..model import DSLModel
 from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
@@ -142,15 +141,10 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
         if not path.is_dir():
             raise FileNotFoundError(f"init_from={str(source)!r} is not a folder (expected a backbone or DSL checkpoint "
                                     f"folder, or 'scratch')")
-        if is_dsl_checkpoint(path):
-            if config.objective == "dsl":
-                model = DSLModel.from_pretrained(path)
-            else:
-                logger.warning("%s is a DSL checkpoint; the %r control trains its backbone only (the converter is "
-                               "dropped from the saved checkpoints)", path, config.objective)
-                model = load_backbone(path, extra_keys_ok=DSL_PREFIXES)
-        else:
-            model = load_backbone(path)
+        if is_dsl_checkpoint(path) and config.objective != "dsl":
+            logger.warning("%s is a DSL checkpoint; the %r control trains its backbone only (the converter is "
+                           "dropped from the saved checkpoints)", path, config.objective)
+        model = load_model(path, backbone_only=config.objective != "dsl")
     if isinstance(model, Backbone):
         model = DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
     elif isinstance(model, DSLModel):

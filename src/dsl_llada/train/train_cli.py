@@ -1,4 +1,5 @@
-"""`dsl-llada train` / `python -m dsl_llada.train`: argument parsing and `run_train(args)` (no training logic here).
+"""`dsl-llada train` / `python -m dsl_llada.train`: argument parsing into `train_command.run_train(TrainSettings)`
+(no training logic here).
 
     dsl-llada train --config configs/paper-8b.yaml init_from=/models/LLaDA-8B-Instruct output_dir=runs/dsl
     accelerate launch --config_file configs/deepspeed_zero2.yaml -m dsl_llada train --config configs/paper-8b.yaml ...
@@ -7,13 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 
 from ..utils import run_cli_command
 
-__all__ = ["add_train_arguments", "add_train_parser", "build_train_parser", "main", "run_train"]
+__all__ = ["add_train_arguments", "add_train_parser", "build_train_parser", "cmd_train", "main"]
 
 EPILOG = """\
 overrides are dotted TrainConfig keys, e.g.
@@ -38,7 +37,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="resume=CHECKPOINT older than output_dir's newest checkpoint: discard the later checkpoints "
                         "(without it such a resume is refused; branch into a new output_dir instead)")
-    p.set_defaults(func=run_train)
+    p.set_defaults(func=cmd_train)
     return p
 
 
@@ -57,10 +56,10 @@ def build_train_parser() -> argparse.ArgumentParser:
     return add_train_arguments(p)
 
 
-def run_train(args: argparse.Namespace) -> int:
-    """Load the config, train, print a one-line JSON summary (main process). Returns the exit code."""
+def cmd_train(args: argparse.Namespace) -> int:
+    """Parse the preset and overrides into TrainSettings and run the library's `run_train`."""
+    from .train_command import TrainSettings, run_train
     from .train_config import load_train_config
-    from .trainer import TrainingDiverged, train
 
     config = load_train_config(args.config, args.overrides)
     if getattr(args, "quiet", False):
@@ -68,32 +67,12 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json())
         return 0
-    import contextlib
-    import os
-
-    from ..locks import output_lock
-    from ..outputs import prepare_output_dir
-
-    # One writer per run folder: the main process holds the lock for the whole run, before anything is written.
-    lock = output_lock(config.output_dir, what="output_dir") if os_rank() == 0 else contextlib.nullcontext()
-    with lock:
-        prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
-        try:
-            result = train(config, overwrite=args.overwrite)
-        except TrainingDiverged as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 3
-
-    if os.environ.get("RANK", "0") == "0":
-        last = result.losses[result.final_step] if result.final_step in result.losses else None
-        print(json.dumps({"output_dir": str(result.output_dir), "final_step": result.final_step,
-                          "stop_reason": result.stop_reason, "loss": last,
-                          "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
-                          "final_model": str(result.final_model) if result.final_model else None}))
-    return 0
+    return run_train(TrainSettings(config, overwrite=args.overwrite))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .train_command import os_rank
+
     args = build_train_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if os_rank() != 0:
@@ -101,11 +80,3 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli_command(args.func, args,
                            interrupted="interrupted; the last complete checkpoint is kept (resume='auto' continues from it)")
 
-
-def os_rank() -> int:
-    import os
-
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
