@@ -26,7 +26,7 @@ SUBCOMMANDS = {
         "parts": ["--before", "--rounds", "--reps", "--tolerance", "--write", "--measure"],
         "roofline": ["--reps", "--tolerance", "--write"],
         "ablation": ["--rounds", "--write"],
-        "loop": ["--preset", "--device", "--dtype", "--quick", "--write", "--efficiency-rounds"]},
+        "loop": ["--preset", "--device", "--dtype", "--quick", "--write", "--efficiency-rounds", "--nfe"]},
     "bench_batching": {
         "sde": ["--batches", "--device", "--dtype", "--nfe", "--prompt", "--gen", "--tolerance", "--compile", "--write"],
         "remask": ["--rounds", "--json"],

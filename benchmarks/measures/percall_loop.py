@@ -176,6 +176,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     ap.add_argument("--efficiency-rounds", type=int, default=0,
                     help="only measure loop efficiency, this many times (shows the run-to-run spread)")
+    ap.add_argument("--nfe", type=int, default=None, choices=range(2, 257, 2), metavar="{2,4,...,256}",
+                    help="NFE of the SDE run and steps of the remasking run (default 32; 16 with --quick)")
 
 
 def run(a: argparse.Namespace) -> None:
@@ -183,6 +185,7 @@ def run(a: argparse.Namespace) -> None:
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = build_model(a.preset, a.device, dtype)
     gen, prompt, nfe = (64, 16, 16) if a.quick else (128, 32, 32)
+    nfe = a.nfe or nfe
     if a.efficiency_rounds:
         for _ in range(a.efficiency_rounds):
             r = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=7)
