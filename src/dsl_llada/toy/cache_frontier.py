@@ -180,10 +180,6 @@ class Variant:
         return ", ".join([*head, self.cache_label, *extra])
 
     @property
-    def exact(self) -> bool:
-        return self.mode == "off" and self.dtype == "float32" and not self.tolerance
-
-    @property
     def model(self) -> str:
         if self.oracle:
             return "oracle-dsl" if self.sampler in SDE_SAMPLERS else "oracle"

@@ -46,11 +46,11 @@ def within_exact(row: dict[str, Any], exact: dict[str, Any]) -> bool:
     return True
 
 
-def recommend(rows: Sequence[dict[str, Any]], exact: dict[str, Any], speed: str = "seconds_per_sample") -> dict[str, Any]:
-    """The fastest of `rows` (median seconds per sample under `speed`) whose quality intervals overlap `exact`'s;
-    `exact` itself when none is faster."""
-    ok = [r for r in rows if within_exact(r, exact) and r.get(speed) is not None]
-    return min([exact, *ok], key=lambda r: r.get(speed) or float("inf"))
+def recommend(rows: Sequence[dict[str, Any]], exact: dict[str, Any]) -> dict[str, Any] | None:
+    """The fastest of `rows` (median seconds per sample) whose quality intervals overlap `exact`'s (None when none
+    does; a reference among `rows` is within itself)."""
+    ok = [r for r in rows if within_exact(r, exact)]
+    return min(ok, key=lambda r: r["seconds_per_sample"]) if ok else None
 
 
 def _trained(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,20 +78,15 @@ def recommendations(rows: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str,
     trained = _trained(rows)
     refs = {r["sampler"]: r for r in trained if is_reference(r)}
     for s in SAMPLERS:
-        mine = [r for r in trained if r["sampler"] == s]
         ref = refs.get(REFERENCE_OF.get(s, s))
-        if not mine or ref is None:
-            continue
-        if s in REFERENCE_OF:
-            ok = [r for r in mine if within_exact(r, ref)]
-            if ok:
-                out.append((s, min(ok, key=lambda r: r["seconds_per_sample"]), ref))
-        else:
-            out.append((s, recommend(mine, ref), ref))
+        best = None if ref is None else recommend([r for r in trained if r["sampler"] == s], ref)
+        if ref is not None and best is not None:
+            out.append((s, best, ref))
     for family, samplers in FAMILIES.items():
         ref = family_reference(rows, FAMILY_REFERENCE[family])
-        if ref is not None:
-            out.append((family, recommend([r for r in trained if r["sampler"] in samplers], ref), ref))
+        best = None if ref is None else recommend([r for r in trained if r["sampler"] in samplers], ref)
+        if ref is not None and best is not None:
+            out.append((family, best, ref))
     return out
 
 
