@@ -8,13 +8,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-# OpenMP reads its wait policy once, when torch loads it, so it is set here, before any torch import. The default
-# (spin-waiting) made sampling 5.6x slower than one thread with one CPU-bound neighbour on a 2-core machine; passive
-# waiting ran as fast as one thread (docs/benchmarks.md, "Thread default under contention"). An explicit setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from .openmp import set_wait_defaults
 
-from . import __version__
-from .utils import run_cli_command
+# OpenMP reads how its threads wait once, when torch loads it, so it is set here, before any torch import: a bounded
+# spin, then sleep (`openmp.py`; an explicit setting in the environment wins).
+set_wait_defaults(os.environ)
+
+from . import __version__  # noqa: E402
+from .utils import run_cli_command  # noqa: E402
 
 if TYPE_CHECKING:
     from .config import DSLConfig
