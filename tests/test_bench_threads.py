@@ -66,3 +66,33 @@ def test_every_variant_names_its_environment():
     assert bt.VARIANTS[bt.PASSIVE][1] == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert bt.VARIANTS["default, GOMP_SPINCOUNT=1000"][1] == {"GOMP_SPINCOUNT": "1000"}
     assert json.loads(json.dumps(bt.SHAPES["bench"]))["nfe"] == 64
+
+
+def test_allocator_benchmark_report_and_help(monkeypatch):
+    """bench_allocator.py: its options, and the section it writes from a saved result (ratios within rounds)."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_allocator.py"), "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for option in ("--rounds", "--batches", "--json", "--report", "--write", "--threads"):
+        assert option in out.stdout
+    ba = importlib.import_module("bench_allocator")
+    import benchlib
+
+    def side(s: float, faults: float, tokens: str, malloc) -> dict:
+        return {"malloc": malloc, "peak_rss_mib": 900.0, "rss_after_mib": 500.0,
+                "runs": {"SDE NFE 16, batch 8": {"s_per_sample": s, "faults_per_call": faults, "tokens": tokens}}}
+
+    kept = {"mmap_threshold": 1 << 30, "trim_threshold": 1 << 30}
+    rounds = [{"glibc default": side(1.0, 40000, "a", None), "kept": side(0.9, 0, "a", kept)},
+              {"glibc default": side(2.0, 40000, "a", None), "kept": side(1.6, 0, "b", kept)}]
+    env = {"dsl_llada": "0.1.0", "python": "3.11", "libraries": {"torch": "2.x"}, "device": "cpu",
+           "cpu_model": "Test CPU", "cpu_capability": "AVX2", "usable_cpus": 2, "threads": {"intra_op": 2}}
+    result = {"rounds": rounds, "batches": [8], "environment": env,
+              "command": "python benchmarks/bench_allocator.py --rounds 2 --batches 8 --threads 2"}
+    written = {}
+    monkeypatch.setattr(benchlib, "write_section", lambda title, body: written.update({title: body}))
+    ba.write_markdown(result)
+    body = written["Large buffers between calls"]
+    # per-round ratios 0.90 and 0.80, median 0.85; the second round's tokens differ
+    assert "| SDE NFE 16, batch 8 | 1.500 | 1.250 | **0.85x** (0.90, 0.80) | 40,000 → 0 | no |" in body
+    assert "raised to 1,073,741,824 bytes" in body
