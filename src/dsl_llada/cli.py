@@ -8,11 +8,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .allocator import keep_large_buffers
 from .openmp import set_wait_defaults
 
 # OpenMP reads how its threads wait once, when torch loads it, so it is set here, before any torch import: a bounded
-# spin, then sleep (`openmp.py`; an explicit setting in the environment wins).
+# spin, then sleep (`openmp.py`). Large buffers are kept between sampler calls instead of page-faulting in afresh
+# (`allocator.py`). An explicit setting in the environment wins over either.
 set_wait_defaults(os.environ)
+keep_large_buffers(os.environ)
 
 from . import __version__  # noqa: E402
 from .utils import run_cli_command  # noqa: E402

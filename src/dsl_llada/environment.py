@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from . import __version__, allocator
 
 __all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
            "finish_record", "git_state",
@@ -185,6 +185,7 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
         "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kmp_blocktime": os.environ.get("KMP_BLOCKTIME")},
+        "malloc": dict(allocator.applied) or None,
         "deterministic": {"algorithms": torch.are_deterministic_algorithms_enabled(),
                           "cudnn": bool(torch.backends.cudnn.deterministic)},
         "seeds": seeds,
