@@ -51,17 +51,16 @@ def child(kept: bool, batches: list[int], threads: int) -> dict:
     out: dict = {"malloc": dict(allocator.applied) or None, "runs": {}}
     for b in batches:
         pb = random_prompts(model, b, 128)
-        runs = {"SDE NFE 16": lambda: sample_sde(model, pb, SDEConfig(nfe=16, gen_length=128),
-                                                  generator=torch.Generator().manual_seed(0)),
-                "remasking 16 steps": lambda: sample_remask(model, pb, RemaskConfig(steps=16, gen_length=128))}
-        for name, run in runs.items():
+        sde, remask = SDEConfig(nfe=16, gen_length=128), RemaskConfig(steps=16, gen_length=128)
+        runs = {"SDE NFE 16": (sde.nfe, lambda: sample_sde(model, pb, sde, generator=torch.Generator().manual_seed(0))),
+                "remasking 16 steps": (remask.steps, lambda: sample_remask(model, pb, remask))}
+        for name, (calls, run) in runs.items():
             run()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = time.perf_counter()
             ids = run().ids
             seconds = time.perf_counter() - t
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-            calls = 16
             out["runs"][f"{name}, batch {b}"] = {
                 "s_per_sample": seconds / b, "faults_per_call": faults / calls,
                 "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]}
@@ -71,7 +70,9 @@ def child(kept: bool, batches: list[int], threads: int) -> dict:
 
 
 def run_child(variant: str, a: argparse.Namespace) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    from dsl_llada.allocator import USER_VARIABLES
+
+    env = {k: v for k, v in os.environ.items() if k not in USER_VARIABLES}
     cmd = [sys.executable, __file__, "--child", variant, "--threads", str(a.threads), "--batches",
            *map(str, a.batches)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout

@@ -76,8 +76,9 @@ PASSIVE = "default, OMP_WAIT_POLICY=PASSIVE"
 
 def run_variant(name: str, shape: str, reps: int) -> dict:
     threads, extra = VARIANTS[name]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    from dsl_llada.openmp import VARIABLES
+
+    env = {k: v for k, v in os.environ.items() if k not in (*VARIABLES, "OMP_NUM_THREADS")}
     env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, __file__, "--child", "--shape", shape, "--reps", str(reps)]

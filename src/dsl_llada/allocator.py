@@ -3,7 +3,7 @@
 A sampler call allocates its big temporaries afresh: the logits (batch x rows x vocabulary floats, 128 MB at batch 8,
 128 rows and V 32,768) and the converter's buffers. glibc serves every allocation above its mmap threshold (at most
 32 MB by default) with fresh pages from the kernel and returns them on free, so each call page-faults its way
-through the buffers again: 41,000 faults per batch-8 SDE call on the benchmark model. With the thresholds raised
+through the buffers again: about 40,000 faults per batch-8 SDE call on the benchmark model. With the thresholds raised
 to `THRESHOLD` the freed memory is reused by the next call. On a 2-core host that made batch-8 SDE sampling 6 %
 and batch-8 remasking 11 % faster per sample with identical tokens (no change at batch 1). The cost is memory: the
 peak rose by 12 %, and the buffers stay with the process until it exits (docs/benchmarks.md, *Large buffers between
