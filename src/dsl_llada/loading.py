@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, cast
 import torch
 
 from .backbones import load_backbone
-from .backbones.base import Backbone, CheckpointError, SpecialTokens, context_limit
+from .backbones.base import END_OF_TURN_SPELLINGS, Backbone, CheckpointError, SpecialTokens, context_limit
 from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
 from .model import DSL_PREFIXES, DSLModel
@@ -29,7 +29,8 @@ from .utils import not_text
 __all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
            "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",
            "default_device", "encode_messages", "encode_prompt", "is_dsl_checkpoint", "load_model", "load_tokenizer",
-           "open_model", "parse_dtype", "read_prompts", "resolve_dtype", "resolve_source", "special_spellings"]
+           "open_model", "parse_dtype", "read_prompts", "resolve_dtype", "resolve_source", "special_spellings",
+           "tokenizer_special_ids"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -178,17 +179,55 @@ def load_tokenizer(path: str | Path, *, chat_template: bool = True) -> Any:
     return tok
 
 
+ROLE_NAMES = {"mask": "mask", "eos": "eos", "eot": "end-of-turn", "pad": "pad"}
+"""The special-token roles a tokenizer must agree with its model on, as error messages name them."""
+
+
+def tokenizer_special_ids(tokenizer: Any) -> dict[str, int | None]:
+    """The tokenizer's own ids for the roles in `ROLE_NAMES`: its declared mask, eos and pad tokens, and its
+    end-of-turn token (the first of `END_OF_TURN_SPELLINGS` its vocabulary holds); None for a role it does not
+    name."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, TypeError, NotImplementedError):
+        vocab = {}
+    eot = next((vocab[s] for s in END_OF_TURN_SPELLINGS if s in vocab), None)
+    return {"mask": tokenizer.mask_token_id, "eos": tokenizer.eos_token_id, "eot": eot, "pad": tokenizer.pad_token_id}
+
+
 def check_vocabulary(tokenizer: Any, model: DSLModel | Backbone, *, tokenizer_path: str | Path,
                      model_path: str | Path) -> None:
-    """Refuse a tokenizer that can produce ids the model does not have (more tokens, added ones included, than the
-    model's vocabulary): such an id would be read as another token, or fail deep inside the model. A tokenizer
-    with fewer tokens is normal (models pad their embedding table)."""
+    """Refuse a tokenizer that is certainly not the model's, naming both values:
+
+    - it has more tokens (added ones included) than the model's vocabulary: such an id would be read as another
+      token, or fail deep inside the model;
+    - a special-token role that both name (mask, eos, end of turn, pad; see `tokenizer_special_ids`) has a
+      different id in each: prompts would carry the wrong control tokens and responses stop at the wrong ids;
+    - one of the model's special ids (mask, eos, end of turn, pad) is past the tokenizer's last token: the tokenizer
+      cannot spell it, so it is another model's.
+
+    A tokenizer with fewer tokens than the model's vocabulary is otherwise normal: models pad their embedding table
+    past their tokenizer (LLaDA-8B has 126,464 rows, Dream-7B 152,064 for 151,667 tokens). The beginning-of-text id
+    is not compared (Dream's config and tokenizer name different ones)."""
     n, vocab = len(tokenizer), int(model.vocab_size)
     if n > vocab:
         ids = f"id {vocab}" if n == vocab + 1 else f"ids {vocab}..{n - 1}"
         raise CheckpointError(f"the tokenizer in {str(tokenizer_path)!r} has {n} tokens but the model in "
                               f"{str(model_path)!r} has a vocabulary of {vocab}: its {ids} would reach the model as "
                               f"tokens it does not have; use the model's own tokenizer (--tokenizer)")
+    theirs = tokenizer_special_ids(tokenizer)
+    ours = {role: getattr(model.special, role) for role in ROLE_NAMES}
+    differ = [f"tokenizer {ROLE_NAMES[r]} id {theirs[r]} != model {ROLE_NAMES[r]} id {ours[r]}" for r in ROLE_NAMES
+              if theirs[r] is not None and ours[r] is not None and theirs[r] != ours[r]]
+    if differ:
+        raise CheckpointError(f"the tokenizer in {str(tokenizer_path)!r} does not match the model in "
+                              f"{str(model_path)!r}: {', '.join(differ)}; use the model's own tokenizer (--tokenizer)")
+    missing = [f"{ROLE_NAMES[r]} id {ours[r]}" for r in ROLE_NAMES if ours[r] is not None and ours[r] >= n]
+    if missing:
+        raise CheckpointError(f"the tokenizer in {str(tokenizer_path)!r} does not match the model in "
+                              f"{str(model_path)!r}: the model's {', '.join(missing)} "
+                              f"{'is not a token' if len(missing) == 1 else 'are not tokens'} of the tokenizer "
+                              f"({n} tokens); use the model's own tokenizer (--tokenizer)")
 
 
 @dataclass(frozen=True)
@@ -228,8 +267,9 @@ def resolve_source(source: ModelSource) -> ModelSource:
 def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandle:
     """Open a model as every command does: resolve the source (`resolve_source`), set the thread count when given,
     read and check the tokenizer (its chat template rendered once when `chat_template`), load the model (a DSL
-    checkpoint, the released layout only with `assume_released`, or a bare backbone), quantize it when asked, and
-    refuse a tokenizer with ids the model lacks (`check_vocabulary`)."""
+    checkpoint, the released layout only with `assume_released`, or a bare backbone), refuse a tokenizer that is not
+    the model's (`check_vocabulary`: more tokens than the model has, or special ids that differ), and quantize it when
+    asked."""
     source = resolve_source(source)
     if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
         from .environment import set_threads
@@ -240,11 +280,11 @@ def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandl
     tokenizer = load_tokenizer(tokenizer_path, chat_template=chat_template)
     dtype = parse_dtype(source.dtype)
     model = load_model(path, dtype=dtype, device=cast(str, source.device), assume_released=source.assume_released)
+    check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
     if source.quantize != "none":
         from .quantize import quantize_backbone
 
         quantize_backbone(model, source.quantize)
-    check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
     return ModelHandle(source=source, model=model, tokenizer=tokenizer, special=model.special,
                        context=context_limit(model), device=torch.device(cast(str, source.device)), dtype=dtype)
 

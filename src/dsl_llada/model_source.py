@@ -31,7 +31,8 @@ class ModelSource(ConfigBase):
     path: str | None = None
     """Checkpoint folder (a DSL checkpoint or a bare backbone), or a Hugging Face hub id with allow_download."""
     tokenizer: str | None = None
-    """Tokenizer folder (default: the model folder)."""
+    """Tokenizer folder (default: the model folder). It must be the model's: one with more tokens than the model's
+    vocabulary, or whose mask, eos, end-of-turn or pad id differs from the model's, is refused at load."""
     device: str | None = None
     """cpu, cuda or cuda:N (default: cuda when available)."""
     dtype: DTypeName = "auto"

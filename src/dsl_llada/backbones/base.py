@@ -23,8 +23,8 @@ from torch import nn
 from ..config import ConfigBase
 from ..errors import CheckpointError
 
-__all__ = ["Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens", "context_limit", "model_device",
-           "padding_to_additive_mask"]
+__all__ = ["END_OF_TURN_SPELLINGS", "Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens",
+           "context_limit", "model_device", "padding_to_additive_mask"]
 
 Positions = Union[slice, torch.Tensor, None]
 """Which sequence positions' logits a forward returns: None = all; a `slice` (contiguous, the cheapest: a view);
@@ -88,6 +88,11 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
+
+
+END_OF_TURN_SPELLINGS = ("<|eot_id|>", "<|im_end|>")
+"""How tokenizers spell their end-of-turn token (LLaDA and the toy world, Dream); the first one a vocabulary holds is
+its end of turn."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..checkpoint import check_keys, checkpoint_files, read_json, read_tensors
-from .base import Backbone, CheckpointError, Positions, SpecialTokens, position_index, select_positions
+from .base import (END_OF_TURN_SPELLINGS, Backbone, CheckpointError, Positions, SpecialTokens, position_index,
+                   select_positions)
 
 # Model types whose learned absolute positions start at pad_token_id + 1 (the fairseq convention).
 _PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "xmod",
@@ -324,7 +325,7 @@ def hf_special_tokens(config: Any, path: Path | None = None) -> SpecialTokens:
     if pad == mask:
         pad = None
     bos = pick(cfg("bos_token_id"), tok.get("bos"), cfg("cls_token_id"), tok.get("cls"))
-    eot = pick(tok.get("<|eot_id|>"), tok.get("<|im_end|>"))
+    eot = pick(*(tok.get(spelling) for spelling in END_OF_TURN_SPELLINGS))
     return SpecialTokens(mask=mask, eos=eos, eot=eot, pad=pad, bos=bos)
 
 
