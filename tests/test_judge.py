@@ -34,10 +34,10 @@ def test_parse_reply_robust_takes_first_valid_object_authors_mode_fails_on_two()
     assert got["overall"] == "tie" and got["a"]["factuality"] == 4.0
     assert parse_reply(text, mode="authors") is None  # their greedy {...} span spans several objects
     assert parse_reply("prefix " + reply(overall="B") + " suffix", mode="authors")["overall"] == "B"
-    # the authors' verdict is kept as written; only exactly "A", "B" or "tie" counts (others are filtered)
+    # the authors' parser returns the object only when its verdict is exactly "A", "B" or "tie" (case-sensitive)
     s = Sample("1", "x", "r")
     for v in ("b", "a", "Tie", "TIE", " A"):
-        assert parse_reply(reply(overall=v), mode="authors")["overall"] == v
+        assert parse_reply(reply(overall=v), mode="authors") is None
         assert judgment_record(Pair("1", False, s, s), reply(overall=v), mode="authors")["parsed"] is False
         assert parse_reply(reply(overall=v)) is not None or v == " A"
     rec = judgment_record(Pair("1", True, s, s), '{"overall": "tie"}', mode="authors")
@@ -45,8 +45,8 @@ def test_parse_reply_robust_takes_first_valid_object_authors_mode_fails_on_two()
 
 
 def test_authors_parser_accepts_what_robust_rejects():
-    """Authors mode (docs/provenance.md §5.7): the object found in the reply is kept as decoded; scores are not
-    validated."""
+    """Authors mode (docs/provenance.md §5.7): the object found in the reply is kept as decoded when its verdict is
+    exactly "A", "B" or "tie"; scores are not validated."""
     for text in (reply(a=(6, 4, 4, 4)), '{"a": {"factuality": 3}, "b": {}, "overall": "A"}', '{"overall": "tie"}',
                  '{"a": 1, "b": "x", "overall": "B", "rationale": 5}'):
         assert parse_reply(text) is None
@@ -56,7 +56,7 @@ def test_authors_parser_accepts_what_robust_rejects():
                           mode="authors")
     assert rec["parsed"] and rec["scores_a"] == {} and rec["scores_b"] == {"coverage": 2.0}  # numbers for the means
     assert parse_reply('["overall", "A"]', mode="authors") is None and parse_reply("{ broken", mode="authors") is None
-    assert parse_reply('{"overall": "C"}', mode="authors") == {"overall": "C"}
+    assert parse_reply('{"overall": "C"}', mode="authors") is None and parse_reply('{"a": 1}', mode="authors") is None
     assert judgment_record(Pair("1", False, s, s), '{"overall": "C"}', mode="authors")["parsed"] is False
 
 

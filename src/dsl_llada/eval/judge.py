@@ -44,7 +44,8 @@ class JudgeConfig:
     include_source: bool = False
     """Show the source document to the judge (off = the paper's protocol: reference and candidates only)."""
     parse_mode: str = "robust"
-    """'robust': the first JSON object in the reply with every required field; 'authors': one greedy {...} span."""
+    """'robust': the first JSON object in the reply with every required field; 'authors': one greedy {...} span
+    whose "overall" is exactly "A", "B" or "tie"."""
     bootstrap_resamples: int = 10_000
     """Bootstrap resamples for the 95 % confidence intervals of the win/tie/loss rates."""
     bootstrap_seed: int = 0
@@ -189,9 +190,9 @@ def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
 
     robust: scan every '{' and decode the JSON value starting there; return the first object with all fields
     (scores 1-5 on every axis, verdict A/B/tie in any case).
-    authors: the greedy span from the first '{' to the last '}' must decode as a JSON object, which is returned
-    as decoded (no field added, none normalised; a reply holding two objects fails). Whether its verdict counts
-    is decided when the judgment is recorded (:func:`judgment_record`).
+    authors (docs/provenance.md §5.7): the greedy span from the first '{' to the last '}' must decode as a JSON
+    object whose "overall" is exactly "A", "B" or "tie" (case-sensitive: {"overall": "a"} gives None); it is
+    returned as decoded (no field added, none normalised; a reply holding two objects fails).
     """
     if mode == "authors":
         m = re.search(r"\{.*\}", text, flags=re.DOTALL)
@@ -201,7 +202,7 @@ def parse_reply(text: str, mode: str = "robust") -> dict[str, Any] | None:
             obj = json.loads(m.group(0))
         except json.JSONDecodeError:
             return None
-        return obj if isinstance(obj, dict) else None
+        return obj if isinstance(obj, dict) and obj.get("overall") in VERDICTS else None
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try:
@@ -227,12 +228,9 @@ def unswap(pair: Pair, parsed: dict[str, Any]) -> dict[str, Any]:
     return {"winner": winner, "scores_a": scores_a, "scores_b": scores_b, "shown_first_won": shown_first_won}
 
 
-def _authors_counted(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """An authors-mode decoded reply as a judgment, or None (filtered) when its "overall" is not exactly "A", "B"
-    or "tie": the verdict as written; per side the axes whose score is a number (for the per-axis means)."""
-    if obj.get("overall") not in VERDICTS:
-        return None
-
+def _authors_judgment(obj: dict[str, Any]) -> dict[str, Any]:
+    """An authors-mode reply (`parse_reply` checked its verdict) as a judgment: the verdict as written and, per
+    side, the axes whose score is a number (for the per-axis means)."""
     def nums(side: Any) -> dict[str, float]:
         if not isinstance(side, dict):
             return {}
@@ -247,7 +245,7 @@ def judgment_record(pair: Pair, reply: str | None, *, mode: str, error: str | No
     """One JSON line of the judgments file (keyed by `key` = sample id + presentation order)."""
     parsed = parse_reply(reply, mode) if reply is not None else None
     if parsed is not None and mode == "authors":
-        parsed = _authors_counted(parsed)
+        parsed = _authors_judgment(parsed)
     rec: dict[str, Any] = {"key": pair.key, "id": pair.id, "swap": pair.swap, "reply": reply, "parsed": parsed is not None}
     if parsed is not None:
         rec.update(unswap(pair, parsed))
