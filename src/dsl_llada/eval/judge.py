@@ -16,6 +16,7 @@ Differences from the authors' script, each switchable:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -91,6 +92,14 @@ class Sample:
     output: str
     reference: str
     source: str | None = None
+    source_sha256: str | None = None
+    """SHA-256 of the source document when the record holds its digest instead of its text (`eval run`'s records)."""
+
+    def source_digest(self) -> str | None:
+        """SHA-256 (hex) of the source document: of `source` when the text is known, else `source_sha256`."""
+        if self.source is not None:
+            return hashlib.sha256(self.source.encode("utf-8")).hexdigest()
+        return self.source_sha256
 
 
 @dataclass(frozen=True)
@@ -107,12 +116,30 @@ class Pair:
         return f"{self.id}|{'BA' if self.swap else 'AB'}"
 
 
-def pair_samples(run_a: dict[str, Sample], run_b: dict[str, Sample], config: JudgeConfig) -> list[Pair]:
-    """Common ids shuffled with Random(seed), first n kept; one swap bit per sample from the same RNG."""
+def check_same_samples(run_a: dict[str, Sample], run_b: dict[str, Sample]) -> list[str]:
+    """The sample ids both runs hold, sorted, after checking that each holds the same sample in both: the same
+    reference and, when both runs record it (its text or its digest), the same source document. Two runs that hold
+    other documents under the same ids would be judged against run A's reference; refused naming the first such id."""
     common = sorted(set(run_a) & set(run_b))
     if not common:
         raise ValueError("the two runs have no sample id in common; judge runs of the same dataset "
                          f"(run A ids e.g. {sorted(run_a)[:3]}, run B ids e.g. {sorted(run_b)[:3]})")
+    for sid in common:
+        a, b = run_a[sid], run_b[sid]
+        src_a, src_b = a.source_digest(), b.source_digest()
+        what = "reference" if a.reference != b.reference else \
+            "source" if src_a is not None and src_b is not None and src_a != src_b else None
+        if what is not None:
+            raise ValueError(f"sample id {sid!r} holds a different {what} in run B than in run A (of "
+                             f"{len(common)} common ids, the first that differs): the runs are not of the same data; "
+                             f"judge only runs whose samples have the same source and reference under each id")
+    return common
+
+
+def pair_samples(run_a: dict[str, Sample], run_b: dict[str, Sample], config: JudgeConfig) -> list[Pair]:
+    """Common ids (each the same sample in both runs, `check_same_samples`) shuffled with Random(seed), first n
+    kept; one swap bit per sample from the same RNG."""
+    common = check_same_samples(run_a, run_b)
     rng = random.Random(config.seed)
     rng.shuffle(common)
     chosen = common[: config.n]
@@ -367,7 +394,8 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
                          nfe: int | None = None, method: str | None = None, seed: int | None = None) -> RunSamples:
     """Pick one run's summaries out of result records (JSON lines), filtering on dataset / nfe / method when the
     records carry those fields. The output is the first of `TEXT_FIELDS`; the reference (and source) are read at
-    the top level or in the record's `info` (the evaluation runner's layout). Records with an error or no reference
+    the top level or in the record's `info` (the evaluation runner's layout), and so is the source's digest
+(`source_sha256`) when the record holds no source text. Records with an error or no reference
     are skipped; a duplicated id is an error."""
     run = RunSamples(name)
     for r in records:
@@ -391,5 +419,6 @@ def samples_from_records(records: Sequence[dict[str, Any]], *, name: str, datase
         if sid in run.samples:
             raise ValueError(f"run {name!r}: sample id {sid!r} occurs twice after filtering; narrow it with "
                              "--dataset / --nfe / --method / --run-seed")
-        run.samples[sid] = Sample(sid, text, ref, r.get("source", info.get("source")))
+        run.samples[sid] = Sample(sid, text, ref, r.get("source", info.get("source")),
+                                  r.get("source_sha256", info.get("source_sha256")))
     return run

@@ -8,9 +8,10 @@ Task options: `baseline` (method name for the delta buckets; default: the first 
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...stats import bootstrap_ratio
 from ..eval_config import DatasetSpec
@@ -83,7 +84,9 @@ class SummarizationTask(SamplingTask):
                     if isinstance(text, str) else None
             if not isinstance(prompt, str) or not prompt.strip() or not isinstance(ref, str) or not ref.strip():
                 continue
-            out.append(Sample(row_id(ds, row, i, idf), i, prompt, True, {"reference": ref}))
+            source = prompt if pf else cast(str, text)  # the document as the row holds it (its prompt if ready)
+            out.append(Sample(row_id(ds, row, i, idf), i, prompt, True,
+                              {"reference": ref, "source_sha256": hashlib.sha256(source.encode("utf-8")).hexdigest()}))
         return check_usable(ds, out, len(rows), f"rows need a non-empty {(pf or tf)!r} and {rf!r}")
 
     def gen_length(self, ds: DatasetSpec) -> int:
