@@ -80,6 +80,90 @@ def test_eval_run_settings_refuse_contradictions(eval_models, tmp_path):  # noqa
     assert not (tmp_path / "r").exists()
 
 
+# -- eval judge ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def judge_endpoint():
+    """An OpenAI-compatible endpoint whose judge always prefers the candidate shown first; counts its calls."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from dsl_llada.eval.judge import AXES
+
+    calls: list[int] = []
+
+    class Judge(BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append(1)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            reply = {"a": dict.fromkeys(AXES, 4), "b": dict.fromkeys(AXES, 2), "overall": "A", "rationale": "first"}
+            data = json.dumps({"choices": [{"message": {"content": json.dumps(reply)}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
+    srv.shutdown()
+    srv.server_close()
+
+
+def _judge_runs(tmp_path):
+    import json
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        rows = [{"task": "summarization", "dataset": "xsum", "nfe": 64, "sample_id": str(i), "text": f"{name} {i}",
+                 "info": {"reference": f"ref {i}"}} for i in range(12)]
+        (tmp_path / name / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(tmp_path / "a"), str(tmp_path / "b")
+
+
+def test_run_judge_judges_resumes_and_its_seed_decides_the_order(judge_endpoint, tmp_path, capsys):
+    import json
+
+    from dsl_llada.eval.judge import JudgeConfig
+    from dsl_llada.eval.judge_command import JudgeBackendSettings, JudgeSettings, run_judge
+
+    url, calls = judge_endpoint
+    ra, rb = _judge_runs(tmp_path)
+
+    def settings(out: str, seed: int) -> JudgeSettings:
+        return JudgeSettings(ra, rb, str(tmp_path / out), JudgeBackendSettings(endpoint=url, judge_model="m",
+                                                                               concurrency=1),
+                             JudgeConfig(n=10, seed=seed, bootstrap_resamples=200), progress=False)
+
+    def swaps(out: str) -> dict[str, bool]:
+        lines = (tmp_path / out / "judgments.jsonl").read_text().splitlines()
+        return {json.loads(x)["id"]: json.loads(x)["swap"] for x in lines}
+
+    assert run_judge(settings("j42", 42)) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(calls) == 10 and first["n_parsed"] == 10 and first["shown_a_rate"] == 1.0
+    assert first["win"] == 100.0 * sum(not s for s in swaps("j42").values()) / 10  # run A wins when shown first
+    assert run_judge(settings("j42", 42)) == 0 and len(calls) == 10  # resumed: nothing judged again
+    assert json.loads(capsys.readouterr().out.splitlines()[0]) == first
+    assert run_judge(settings("j7", 7)) == 0
+    assert swaps("j7") != swaps("j42")  # another seed: other ids or other presentation orders
+
+
+def test_judge_settings_refuse_a_missing_or_double_back_end(tmp_path):
+    from dsl_llada.eval.judge_command import JudgeBackendSettings
+
+    with pytest.raises(ValueError, match="give exactly one judge back-end"):
+        JudgeBackendSettings()
+    with pytest.raises(ValueError, match="give exactly one judge back-end"):
+        JudgeBackendSettings(endpoint="http://127.0.0.1:9/v1", judge_model="m", local="smollm2")
+    with pytest.raises(ValueError, match="--endpoint needs --judge-model NAME"):
+        JudgeBackendSettings(endpoint="http://127.0.0.1:9/v1")
+
+
 # -- train ---------------------------------------------------------------------------------------------------------
 def test_run_train_trains_and_prints_the_summary(tmp_path, capsys, monkeypatch):
     import json

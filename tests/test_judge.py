@@ -15,7 +15,7 @@ from dsl_llada.eval.judge import (AXES, JudgeConfig, Pair, Sample, aggregate, bo
                                   pair_samples, parse_reply, samples_from_records, unswap)
 from dsl_llada.eval.judge_backends import JudgeBackendError, LocalChatBackend, OpenAIChatBackend
 from dsl_llada.eval.judge_cli import add_judge_parser
-from dsl_llada.eval.judge_run import read_records, run_judge
+from dsl_llada.eval.judge_run import judge_runs, read_records
 from dsl_llada.eval.judge import RunSamples
 
 
@@ -172,25 +172,25 @@ class FakeJudge:
         return "Verdict: " + reply(overall="A" if first > second else "B")
 
 
-def test_run_judge_resumes_after_interrupt_with_identical_records(tmp_path):
+def test_judge_runs_resumes_after_interrupt_with_identical_records(tmp_path):
     ra, rb = run("a", 12, "zz"), run("b", 12, "aa")  # run A's texts sort last: the fake judge always picks A
     cfg = JudgeConfig(n=10)
-    full = run_judge(ra, rb, FakeJudge(), tmp_path / "full", cfg, progress=False)
+    full = judge_runs(ra, rb, FakeJudge(), tmp_path / "full", cfg, progress=False)
     assert full["win"] == 100.0 and full["n_parsed"] == 10
     with pytest.raises(KeyboardInterrupt):
-        run_judge(ra, rb, FakeJudge(die_after=4), tmp_path / "cut", cfg, progress=False)
+        judge_runs(ra, rb, FakeJudge(die_after=4), tmp_path / "cut", cfg, progress=False)
     lines = (tmp_path / "cut" / "judgments.jsonl").read_text().splitlines()
     assert len(lines) == 4
     with open(tmp_path / "cut" / "judgments.jsonl", "a") as fh:
         fh.write('{"key": "torn')  # a partial line from a kill mid-write
     judge = FakeJudge()
-    resumed = run_judge(ra, rb, judge, tmp_path / "cut", cfg, progress=False)
+    resumed = judge_runs(ra, rb, judge, tmp_path / "cut", cfg, progress=False)
     assert judge.calls == 6  # only the missing ones
     key = lambda p: sorted(json.loads(x)["key"] for x in p.read_text().splitlines())  # noqa: E731
     assert key(tmp_path / "cut" / "judgments.jsonl") == key(tmp_path / "full" / "judgments.jsonl")
     assert resumed == full
     with pytest.raises(ValueError, match="different settings.*config"):
-        run_judge(ra, rb, FakeJudge(), tmp_path / "cut", JudgeConfig(n=5), progress=False)
+        judge_runs(ra, rb, FakeJudge(), tmp_path / "cut", JudgeConfig(n=5), progress=False)
 
 
 class _Flaky(BaseHTTPRequestHandler):
@@ -240,7 +240,7 @@ def test_endpoint_gives_up_and_run_continues(tmp_path, flaky_server):
         be = OpenAIChatBackend(flaky_server, "judge-x", retries=1, sleep=lambda s: None, concurrency=2)
         with pytest.raises(JudgeBackendError, match="HTTP 503 after 2 attempt"):
             be([{"role": "system", "content": "s"}])
-        s = run_judge(run("a", 3), run("b", 3), be, tmp_path / "j", JudgeConfig(n=3), progress=False)
+        s = judge_runs(run("a", 3), run("b", 3), be, tmp_path / "j", JudgeConfig(n=3), progress=False)
         assert (s["n_judgments"], s["n_parsed"], s["n_errors"], s["win"]) == (3, 0, 3, None)
     finally:
         _Flaky.failures = 2
@@ -353,7 +353,7 @@ def test_judge_help_lists_the_options(capsys):
 
 
 def test_prompt_file_text_and_json_and_refusals(tmp_path):
-    from dsl_llada.eval.judge_cli import load_prompt_file
+    from dsl_llada.eval.judge_command import load_prompt_file
 
     txt = tmp_path / "p.txt"
     txt.write_text("You judge.\nReply {\"overall\": ...}\n---\nREF {reference}\nA {candidate_a}\nB {candidate_b}\n")

@@ -1,10 +1,9 @@
-"""`dsl-llada eval judge RUN_A RUN_B …`: the pairwise LLM judge from the command line."""
+"""`dsl-llada eval judge RUN_A RUN_B …`: the pairwise LLM judge from the command line; the flags are parsed into
+`judge_command.JudgeSettings` and the job is `judge_command.run_judge`."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 
 def add_judge_parser(sub) -> argparse.ArgumentParser:
@@ -51,76 +50,18 @@ def add_judge_parser(sub) -> argparse.ArgumentParser:
     return j
 
 
-def make_backend(a: argparse.Namespace):
-    from .judge_backends import LocalChatBackend, OpenAIChatBackend
-
-    if (a.endpoint is None) == (a.local is None):
-        raise ValueError("give exactly one judge back-end: --endpoint URL --judge-model NAME, or --local FOLDER")
-    if a.endpoint is not None:
-        if not a.judge_model:
-            raise ValueError("--endpoint needs --judge-model NAME (the model the endpoint should run)")
-        return OpenAIChatBackend(a.endpoint, a.judge_model, api_key_env=a.api_key_env, max_tokens=a.max_tokens,
-                                 retries=a.retries, concurrency=a.concurrency)
-    if a.local == "smollm2":
-        return LocalChatBackend.smollm2(max_new_tokens=a.max_tokens, constrained=not a.unconstrained)
-    return LocalChatBackend(a.local, gguf_file=a.gguf_file, max_new_tokens=a.max_tokens,
-                            constrained=not a.unconstrained)
-
-
-def load_prompt_file(path: str | Path) -> tuple[str, str]:
-    """(system prompt, user template) from a JSON file {"system", "user"} or a text file whose line '---'
-    separates the system prompt from the user template."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--judge-prompt-file {str(p)!r} does not exist")
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".json":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--judge-prompt-file {p}: not valid JSON ({e.msg}, line {e.lineno})") from None
-        if not (isinstance(d, dict) and isinstance(d.get("system"), str) and isinstance(d.get("user"), str)):
-            raise ValueError(f"--judge-prompt-file {p}: needs string fields 'system' and 'user'")
-        return d["system"], d["user"]
-    lines = text.split("\n")
-    if "---" not in [x.strip() for x in lines]:
-        raise ValueError(f"--judge-prompt-file {p}: no line '---' between the system prompt and the user template")
-    k = [x.strip() for x in lines].index("---")
-    return "\n".join(lines[:k]).strip("\n"), "\n".join(lines[k + 1:]).strip("\n")
-
-
 def cmd_judge(a: argparse.Namespace) -> int:
-    from .judge import JudgeConfig, samples_from_records
-    from .judge_run import read_records, run_judge
+    """Parse the flags (and the judge prompt file) into JudgeSettings and run the library's `run_judge`."""
+    from .judge import JudgeConfig
+    from .judge_command import JudgeBackendSettings, JudgeSettings, load_prompt_file, run_judge
 
     system, user = load_prompt_file(a.judge_prompt_file) if a.judge_prompt_file else (None, None)
     config = JudgeConfig(n=a.n, seed=a.seed, both_orders=a.both_orders, include_source=a.include_source,
                          parse_mode=a.parse_mode, bootstrap_resamples=a.resamples, system_prompt=system,
                          user_template=user, min_parse_rate=a.min_parse_rate)
-    loaded = [[r for r in read_records(p) if r.get("task", a.task) == a.task] for p in (a.run_a, a.run_b)]
-    datasets = [{r["dataset"] for r in recs if r.get("dataset") is not None} for recs in loaded]
-    if a.dataset is None and datasets[0] and datasets[1] and datasets[0] != datasets[1]:
-        raise ValueError(f"the runs hold different datasets ({sorted(datasets[0])} vs {sorted(datasets[1])}); "
-                         "pick one with --dataset")
-    runs = []
-    for path, method, recs in ((a.run_a, a.method_a, loaded[0]), (a.run_b, a.method_b, loaded[1])):
-        name = Path(path).name if not method else f"{Path(path).name}:{method}"
-        run = samples_from_records(recs, name=name, dataset=a.dataset, nfe=a.nfe, method=method, seed=a.run_seed)
-        if not run.samples:
-            raise ValueError(f"{path}: no {a.task} records with an output and a reference"
-                             f"{f' for dataset {a.dataset!r}' if a.dataset else ''}{f' at NFE {a.nfe}' if a.nfe else ''}")
-        runs.append(run)
-    backend = make_backend(a)
-    filters = {"task": a.task, "dataset": a.dataset, "nfe": a.nfe, "method_a": a.method_a, "method_b": a.method_b,
-               "run_seed": a.run_seed}
-    summary = run_judge(runs[0], runs[1], backend, a.out, config, filters=filters, progress=not a.quiet,
-                        overwrite=a.overwrite)
-    print(json.dumps({k: summary.get(k) for k in ("n_parsed", "n_unparsed", "parse_rate", "win", "win_ci95", "tie",
-                                                  "loss", "shown_a_rate")}))
-    print(f"wrote {Path(a.out) / 'summary.md'}")
-    if summary.get("refused"):
-        import sys
-
-        print(f"error: {summary['refused']}", file=sys.stderr)
-        return 1
-    return 0
+    backend = JudgeBackendSettings(endpoint=a.endpoint, judge_model=a.judge_model, api_key_env=a.api_key_env,
+                                   concurrency=a.concurrency, retries=a.retries, local=a.local, gguf_file=a.gguf_file,
+                                   max_tokens=a.max_tokens, constrained=not a.unconstrained)
+    return run_judge(JudgeSettings(a.run_a, a.run_b, a.out, backend, config, task=a.task, dataset=a.dataset,
+                                   nfe=a.nfe, method_a=a.method_a, method_b=a.method_b, run_seed=a.run_seed,
+                                   overwrite=a.overwrite, progress=not a.quiet))

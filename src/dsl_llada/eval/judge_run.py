@@ -91,10 +91,11 @@ def prepare_judge_dir(out: Path, settings: dict[str, Any], *, overwrite: bool) -
     atomic_write_text(cfg_path, json.dumps(settings, indent=2, sort_keys=True))
 
 
-def run_judge(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: str | Path, config: JudgeConfig, *,
-              filters: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True,
-              on_judgment: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Judge run A against run B and write the output folder; returns the summary."""
+def judge_runs(run_a: RunSamples, run_b: RunSamples, backend: JudgeBackend, out: str | Path, config: JudgeConfig, *,
+               filters: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = True,
+               on_judgment: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Judge run A against run B and write the output folder; returns the summary (the whole command, from run
+    folders on disk: `judge_command.run_judge`)."""
     out = Path(out)
     pairs = pair_samples(run_a.samples, run_b.samples, config)
     settings = {"config": config.to_dict(), "backend": backend.describe(), "run_a": run_a.name, "run_b": run_b.name,
