@@ -143,6 +143,8 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
         if is_dsl_checkpoint(path) and config.objective != "dsl":
             logger.warning("%s is a DSL checkpoint; the %r control trains its backbone only (the converter is "
                            "dropped from the saved checkpoints)", path, config.objective)
+        # Not through `open_model`: the run's tokenizer is a setting of its own (`tokenizer`: a folder, 'bytes',
+        # 'ids', or the toy world's), which init_from need not hold, and accelerate places the fp32 CPU model itself.
         model = load_model(path, backbone_only=config.objective != "dsl")
     if isinstance(model, Backbone):
         model = DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
