@@ -230,14 +230,14 @@ class ForwardOptions(ConfigBase):
     kv_cache: CacheMode = "off"
     """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
     recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
-    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks.md."""
+    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks/cpu-sampling.md."""
     cache_refresh: int = 0
     """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
     block's first call."""
     compile: bool = False
     """Run the backbone forward through `torch.compile` (compiled on the first call and per new shape; remasking's
     head column count varies from step to step, so its second compile makes it dynamic). Worth it on a GPU, where
-    the eager forward at small batches is launch-bound (docs/benchmarks.md), not on a small CPU job. Off by default;
+    the eager forward at small batches is launch-bound (docs/benchmarks/gpu.md), not on a small CPU job. Off by default;
     tokens are those of the eager model up to floating-point rounding."""
 
     def _check_forward_options(self) -> None:
@@ -282,7 +282,7 @@ class _SDEFields(ConfigBase):
     converter_tolerance: float = 0.0
     """Sparse converter at inference: per position keep only the slots that hold all but < this much of the
     converter's softmax mass, renormalised, and gather those columns of W instead of the dense product
-    (approximate; see docs/benchmarks.md for its deviation). 0 = the exact dense converter (what training uses)."""
+    (approximate; see docs/benchmarks/cpu-sampling.md for its deviation). 0 = the exact dense converter (what training uses)."""
 
 
 @dataclass(frozen=True)
