@@ -85,9 +85,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both variants")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], choices=range(1, 33), metavar="1-32")
     ap.add_argument("--json", type=Path, default=None, help="also write the result (every round) to this file")
-    ap.add_argument("--write", action="store_true", help="write the result to docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the result to docs/benchmarks/")
     ap.add_argument("--report", type=Path, default=None,
-                    help="measure nothing: write docs/benchmarks.md's section from a result saved with --json")
+                    help="measure nothing: write docs/benchmarks/'s section from a result saved with --json")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (default: the CPUs this process may use)")
     if "--child" in sys.argv:  # a measuring process: no benchlib (it imports torch) before the setting is made

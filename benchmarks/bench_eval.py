@@ -1,4 +1,4 @@
-"""Evaluation-runner overhead, reported as a ratio and written to docs/benchmarks.md.
+"""Evaluation-runner overhead, reported as a ratio and written to docs/benchmarks/cpu-sampling.md.
 
 efficiency = pure sampler time / eval time (wall clock, and CPU time of the process, which a machine shared with
 other jobs disturbs far less), for the same work items (same prompts, same batches, same
@@ -91,7 +91,7 @@ def eval_run(cfg, out: Path) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="alternating pure/eval rounds; medians are reported")
-    ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks/cpu-sampling.md")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: steadier on a busy CPU)")
     a = parse_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +123,7 @@ def main() -> int:
               f"Measured on a shared 2-core machine while other jobs ran (load average ~18): wall times swing by 2x "
               f"between rounds, so the CPU-time ratio is the meaningful one here; absolute times are not.\n\n"
               f"{environment_note()}\n")
-        with open(ROOT / "docs" / "benchmarks.md", "a") as f:
+        with open(ROOT / "docs" / "benchmarks" / "cpu-sampling.md", "a") as f:
             f.write(md)
     return 0 if pc / ec >= 0.95 else 1
 

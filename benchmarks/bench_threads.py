@@ -10,7 +10,7 @@ prompt 128 + 128 tokens); the variants are interleaved round by round and the me
 run are reported.
 
 Usage:  python benchmarks/bench_threads.py [--rounds 3] [--neighbours 1] [--shape toy|small|bench] [--json OUT] [--write]
-        python benchmarks/bench_threads.py --report OUT.json   (write docs/benchmarks.md's section from a saved run)
+        python benchmarks/bench_threads.py --report OUT.json   (write docs/benchmarks/'s section from a saved run)
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def main() -> None:
     ap.add_argument("--neighbours", type=int, default=1, help="CPU-bound neighbour processes during the timings")
     ap.add_argument("--json", type=Path, default=None, help="also write the result (with every round) to this file")
     ap.add_argument("--report", type=Path, default=None,
-                    help="measure nothing: write docs/benchmarks.md's section from a result saved with --json")
-    ap.add_argument("--write", action="store_true", help="write the result to docs/benchmarks.md")
+                    help="measure nothing: write docs/benchmarks/'s section from a result saved with --json")
+    ap.add_argument("--write", action="store_true", help="write the result to docs/benchmarks/")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.shape, a.threads, a.reps)))

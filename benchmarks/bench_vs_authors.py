@@ -15,7 +15,7 @@ Model: LLaDA-shaped, d_model 256, 4 layers, vocabulary 32,768, noise dim 100 (be
 response 128, batch 1, fp32. Runs are interleaved (ours, authors', alternating order), medians of --rounds.
 
 With --recommended: the SDE at the speed frontier's recommended point (whole-response SDE, bf16 backbone with the
-converter softmax, posterior and state in fp32; docs/benchmarks.md *Quality-speed frontier*) at batch 1 and 8
+converter softmax, posterior and state in fp32; docs/benchmarks/ *Quality-speed frontier*) at batch 1 and 8
 against the restatement per sample, run as the authors' code would run on this CPU (fp32; their sampler is batch 1
 only) and in the same dtype (their own bf16 recipe: fp32 pi cast to bf16 before W, bf16 backbone, fp32 logits).
 Every variant in every round, in rotating order; ratios are taken within each round.
@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--nfe", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--write", action="store_true", help="write the results into docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the results into docs/benchmarks/")
     ap.add_argument("--recommended", action="store_true",
                     help="the SDE at the frontier's recommended point (bf16 backbone) against the restatement in fp32 "
                          "and bf16, per sample")

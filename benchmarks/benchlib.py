@@ -1,7 +1,7 @@
 """The benchmarks' one harness: the LLaDA-shaped benchmark model and prompts, timing (`clock`, `interleave`: every
 variant once per round in rotating order, median and spread), the environment record every result carries
 (`parse_args`, `run_environment`), the scripts' subcommands (`run_subcommands`), JSON results (`write_json`) and the
-docs/benchmarks.md sections (`write_section`)."""
+docs/benchmarks/ sections (`write_section`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from dsl_llada.sampling.common import PromptBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
+"""The one-page summary; the sections are on the pages of `PAGES`."""
+PAGES = ROOT / "docs" / "benchmarks"
 
 PRESETS = {
     # LLaDA-shaped (SwiGLU, RMSNorm, RoPE, untied head, MHA), small enough for a 2-core CPU.
@@ -342,15 +344,25 @@ def machine_line() -> str:
             + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))
 
 
-def write_section(title: str, body: str) -> None:
-    """Replace the `### title` section of docs/benchmarks.md (or append it), atomically."""
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nRatios measured in one run; see each section's command.\n"
+def section_page(title: str, default: str = "cpu-sampling.md") -> Path:
+    """The page of docs/benchmarks/ that holds the `### title` section, else `default` there."""
+    for page in sorted(PAGES.glob("*.md")):
+        if re.search(rf"^### {re.escape(title)}$", page.read_text(), re.M):
+            return page
+    return PAGES / default
+
+
+def write_section(title: str, body: str, page: str = "cpu-sampling.md") -> None:
+    """Replace the `### title` section on its page of docs/benchmarks/ (a new one is appended to `page`),
+    atomically."""
+    path = section_page(title, page)
+    text = path.read_text() if path.exists() else f"# {path.stem}\n\nRatios measured in one run; see each section's command.\n"
     if "Environment: " not in body:
         body = body.strip() + "\n\n" + environment_note()
     section = f"### {title}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^### {re.escape(title)}\n.*?(?=^### |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^### {re.escape(title)}\n.*?(?=^##+ |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text, count=1) if pattern.search(text) else \
         text.rstrip() + "\n\n" + section
-    tmp = DOC.with_suffix(".md.tmp")
+    tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text.rstrip() + "\n")
-    tmp.replace(DOC)
+    tmp.replace(path)

@@ -181,7 +181,7 @@ def _has_measurement_table(section: list[str]) -> bool:
 def lint(docs: Path = DOCS) -> list[str]:
     """Number tables whose section (from its heading to the next) names no command or no environment record."""
     problems = []
-    for path in sorted(docs.glob("*.md")):
+    for path in sorted(docs.rglob("*.md")):  # the benchmark pages under docs/benchmarks/ included
         lines = path.read_text().splitlines()
         starts = [i for i, ln in enumerate(lines) if ln.startswith("#")] + [len(lines)]
         for a, b in zip([0, *starts], [*starts, len(lines)]):

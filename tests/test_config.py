@@ -253,3 +253,27 @@ def test_one_override_syntax_for_train_and_eval_configs():
             apply_overrides(data, [item])
     with pytest.raises(ConfigError, match=r"e.g. nfe=\[8,16\]"):
         apply_overrides(data, ["nfe"], example="nfe=[8,16]")
+
+
+def test_the_forward_options_are_declared_once_and_keep_each_samplers_field_order():
+    from dsl_llada.cli_config import field_docs
+    from dsl_llada.config import ForwardOptions
+
+    shared = ["kv_cache", "cache_refresh", "compile"]
+    assert [f.name for f in dataclasses.fields(ForwardOptions)] == shared
+    sde = [f.name for f in dataclasses.fields(SDEConfig)]
+    remask = [f.name for f in dataclasses.fields(RemaskConfig)]
+    assert sde[-3:] == shared and sde[:2] == ["nfe", "gen_length"] and len(sde) == 16
+    assert remask[-4:] == [*shared, "threshold"] and remask[:2] == ["steps", "gen_length"] and len(remask) == 20
+    for cls in (SDEConfig, RemaskConfig):
+        assert issubclass(cls, ForwardOptions)
+        assert {k: field_docs(cls)[k] for k in shared} == field_docs(ForwardOptions)
+        cfg = cls(kv_cache="dual", cache_refresh=4)
+        assert cls.from_dict(json.loads(cfg.to_json())) == cfg
+        assert cls.from_dict({"kv_cache": "prefix"}).to_dict()["cache_refresh"] == 0
+        with pytest.raises(ConfigError, match=r"compile=True with kv_cache='prefix' is not supported"):
+            cls(kv_cache="prefix", compile=True)
+        with pytest.raises(ConfigError, match=r"cache_refresh=-1 must be an int >= 0"):
+            cls(cache_refresh=-1)
+        with pytest.raises(ConfigError, match=r"compile='yes' must be true or false"):
+            cls(compile="yes")

@@ -156,3 +156,61 @@ def test_the_graph_sees_a_cycle_made_only_of_function_level_imports(tmp_path):
     assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
     (pkg / "a.py").write_text("def f():\n    return 1\n")
     assert find_cycles(import_graph(pkg, "pkg")) == []
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """The absolute dotted names every import statement of the module at `path` (named `module`) refers to, at any
+    depth (top level, in functions and classes, under `if TYPE_CHECKING:`): `import a.b` gives 'a.b', `from .x import
+    y` gives 'pkg.x.y' and 'pkg.x', `from .. import toy` gives 'root.toy'."""
+    pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            names.add(base)
+            names |= {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def toy_imports_in_train(root: Path, package: str) -> dict[str, set[str]]:
+    """Module of `package.train` -> the names under `package.toy` it imports (modules that import none left out)."""
+    toy = f"{package}.toy"
+    out: dict[str, set[str]] = {}
+    for path in sorted((root / "train").rglob("*.py")):
+        found = {n for n in imported_names(path, _module_name(path, root, package)) if n == toy or n.startswith(toy + ".")}
+        if found:
+            out[_module_name(path, root, package)] = found
+    return out
+
+
+def test_training_never_imports_the_toy_world():
+    """`train` defines the world protocol (`train.world_source`) and `toy` implements it: no module under train/
+    imports dsl_llada.toy, not even inside a function or for type checking."""
+    root = Path(dsl_llada.__file__).parent
+    assert len(list((root / "train").rglob("*.py"))) >= 15
+    assert toy_imports_in_train(root, "dsl_llada") == {}
+    assert "dsl_llada.train.world_source" in imported_names(root / "toy" / "training.py", "dsl_llada.toy.training")
+
+
+def test_the_train_import_check_sees_every_form_of_toy_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    for sub in ("train", "toy"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "toy" / "world.py").write_text("")
+    (pkg / "train" / "clean.py").write_text("from ..config import x\nimport os\n")
+    assert toy_imports_in_train(pkg, "pkg") == {}
+    (pkg / "train" / "a.py").write_text("def f():\n    from ..toy.world import W\n    return W\n")
+    (pkg / "train" / "b.py").write_text("from .. import toy\n")
+    (pkg / "train" / "c.py").write_text("class C:\n    def m(self):\n        import pkg.toy.world\n")
+    (pkg / "train" / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..toy import world\n")
+    found = toy_imports_in_train(pkg, "pkg")
+    assert sorted(found) == ["pkg.train.a", "pkg.train.b", "pkg.train.c", "pkg.train.d"]
+    assert found["pkg.train.a"] == {"pkg.toy.world", "pkg.toy.world.W"}
+    assert found["pkg.train.b"] == {"pkg.toy"}

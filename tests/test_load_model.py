@@ -1,5 +1,6 @@
-"""`loading.load_model`, the one function every entry point loads weights with (through `open_model`, or directly
-for the toy demo's cached stages, the shipped toy model, convert's backbone and the trainer's starting point)."""
+"""`loading.load_model`, the one function every entry point loads weights with: through the handle `open_model`
+(commands, convert's backbone, the toy demo's cached stages and shipped model), or directly for the trainer's
+starting point, whose tokenizer is a setting of its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from helpers import tiny_dsl
 
 from dsl_llada.backbones import save_backbone
 from dsl_llada.backbones.base import Backbone, SpecialTokens
-from dsl_llada.loading import load_model
+from dsl_llada.errors import CheckpointError
+from dsl_llada.loading import load_model, open_model
+from dsl_llada.model_source import ModelSource
 from dsl_llada.model import DSLModel
 from dsl_llada.train.components import load_training_model
 from dsl_llada.train.train_config import TrainConfig
@@ -50,3 +53,17 @@ def test_the_trainers_controls_start_from_a_dsl_checkpoints_backbone(folders):
     assert isinstance(control, Backbone) and not isinstance(control, DSLModel)
     model = load_training_model(TrainConfig(init_from=str(root / "dsl"), objective="dsl"))
     assert isinstance(model, DSLModel) and torch.equal(model.noise_embed.weight, dsl.noise_embed.weight)
+
+
+def test_the_handle_opens_a_backbone_alone_with_the_callers_ids_and_an_optional_tokenizer(folders):
+    root, dsl = folders
+    source = ModelSource(path=str(root / "dsl"), device="cpu", dtype="float32")
+    with pytest.raises(CheckpointError, match=r"no tokenizer in .*dsl'"):  # the folders hold no tokenizer files
+        open_model(source)
+    whole = open_model(source, tokenizer_optional=True)
+    assert whole.tokenizer is None and isinstance(whole.model, DSLModel) and whole.dtype == torch.float32
+    mine = SpecialTokens(mask=63, eos=60, eot=None, pad=59, bos=None)
+    alone = open_model(source, backbone_only=True, special=mine, tokenizer_optional=True)
+    assert isinstance(alone.model, Backbone) and not isinstance(alone.model, DSLModel)
+    assert alone.special == alone.model.special == mine
+    assert all(torch.equal(v, dsl.backbone.state_dict()[k]) for k, v in alone.model.state_dict().items())

@@ -1,5 +1,5 @@
 """`RemaskConfig.compile`: the remasking samplers' backbone through `torch.compile` (plumbing only: a real inductor
-compile takes minutes on this CPU; the GPU figures are in docs/benchmarks.md), and `generate --output` files written
+compile takes minutes on this CPU; the GPU figures are in docs/benchmarks/gpu.md), and `generate --output` files written
 before the field existed still resume."""
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ from dsl_llada.model import DSLModel
 from dsl_llada.toy import EOS, EOT, render_prompt
 from dsl_llada.toy.bayes_floor import MASK_RATES, dsl_excess, mdm_curve
 from dsl_llada.toy.floor_report import held_out
+from dsl_llada.toy.training import TOY_WORLD, register, toy_world_blocks, toy_world_corpus
+from dsl_llada.toy.words import ALL_TOPICS
+from dsl_llada.train import world_source
 from dsl_llada.train.data import DataConfig, make_dataloader
-from dsl_llada.train.toy_config import ToyWorldData
-from dsl_llada.train.toy_source import toy_world_blocks, toy_world_corpus
+from dsl_llada.train.toy_config import MAX_TOY_TOPICS, ToyWorldData
 from dsl_llada.train.train_config import TrainConfig, load_train_config
 from dsl_llada.train.trainer import train
 
@@ -28,7 +30,14 @@ PREFIX = "eval/bayes_floor"
 WORLD = {"seed": 0, "n_topics": 2, "max_sentences": 2, "gen_length": 21, "n_train": 16}
 BLOCK = 52  # the longest possible prompt of this world (8 chat tokens + 'summarize :' + 20 words = 30) + 21 + 1 spare
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread", "toy_world_registered")  # one_thread: tests/conftest.py
+
+
+@pytest.fixture
+def toy_world_registered(monkeypatch):
+    """The toy world as this process's training world (what `dsl-llada train` registers), unregistered after."""
+    monkeypatch.setattr(world_source, "_registered", None)
+    register()
 
 
 def tiny_run(out: Path, **overrides) -> TrainConfig:
@@ -49,6 +58,27 @@ def records(out: Path) -> list[dict]:
 
 def floor_records(out: Path) -> dict[int, dict]:
     return {r["step"]: r for r in records(out) if f"{PREFIX}/floor" in r}
+
+
+# -- the plug-in ------------------------------------------------------------------------------------------------------
+def test_training_reaches_the_toy_world_only_through_the_registered_world(tmp_path, monkeypatch):
+    assert world_source.registered_world() is TOY_WORLD
+    settings = ToyWorldData(**WORLD)
+    assert TOY_WORLD.corpus(settings) is toy_world_corpus(settings)  # built once per settings
+    assert torch.equal(TOY_WORLD.corpus(settings).blocks(BLOCK)[0], toy_world_blocks(settings, BLOCK)[0])
+    monkeypatch.setattr(world_source, "_registered", None)
+    with pytest.raises(ConfigError, match=r"^data.toy_world needs the toy world's training source, which this "
+                                          r"process has not registered; run `dsl-llada train`"):
+        make_dataloader(DataConfig(toy_world=settings, format="sft", block_size=BLOCK), str.split, batch_size=1,
+                        eos_id=0)
+    with pytest.raises(ConfigError, match=r"has not registered"):
+        train(tiny_run(tmp_path / "run"))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_settings_bound_on_topics_is_the_lexicon_size():
+    assert MAX_TOY_TOPICS == len(ALL_TOPICS) == 8
+    ToyWorldData(**{**WORLD, "n_topics": MAX_TOY_TOPICS})
 
 
 # -- the data source --------------------------------------------------------------------------------------------------

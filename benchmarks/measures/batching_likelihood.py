@@ -1,5 +1,5 @@
 """Monte Carlo log-likelihood throughput: requests/s with one mask pattern per forward (batch 1) against all
-patterns of all requests batched, on a small LLaDA-shaped model; the ratio goes to docs/benchmarks.md.
+patterns of all requests batched, on a small LLaDA-shaped model; the ratio goes to docs/benchmarks/.
 
 Usage:  python benchmarks/bench_batching.py likelihood [--requests 16] [--mc-samples 32] [--repeats 3] [--write]
 """

@@ -81,7 +81,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="what is compared with fp32: the bf16 backbone, an int8 weight-only backbone (fp32 "
                          "activations), or both")
     ap.add_argument("--json", default=None, help="write the full result here")
-    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks/")
 
 
 def run(a: argparse.Namespace) -> None:

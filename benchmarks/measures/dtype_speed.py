@@ -279,7 +279,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--samples", action="store_true", help="also time whole samples (small shape)")
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="which parts to time")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks/")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-dtypes", nargs="+", default=["float32"], help=argparse.SUPPRESS)
 

@@ -1,4 +1,4 @@
-"""Sampler benchmarks, reported as ratios measured in one run and written to docs/benchmarks.md.
+"""Sampler benchmarks, reported as ratios measured in one run and written to docs/benchmarks/.
 
 (a) loop efficiency = (model calls x time of one model call measured alone) / whole sampling time
     (a model call = one denoiser evaluation, converter + backbone + top-M posterior mean, for the SDE; one
@@ -173,7 +173,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks/")
     ap.add_argument("--efficiency-rounds", type=int, default=0,
                     help="only measure loop efficiency, this many times (shows the run-to-run spread)")
     ap.add_argument("--nfe", type=int, default=None, choices=range(2, 257, 2), metavar="{2,4,...,256}",

@@ -146,7 +146,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=3, help="timed calls per part and SNR (median)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="sparse converter tolerance to report")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks/")
 
 
 def run(a: argparse.Namespace) -> None:

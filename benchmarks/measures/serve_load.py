@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from benchlib import DOC, command_line, environment_note, run_environment, sync, write_text
+from benchlib import PAGES, command_line, environment_note, run_environment, sync, write_text
 
 from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
 from dsl_llada.backbones.base import SpecialTokens
@@ -393,7 +393,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-mode time bound")
     ap.add_argument("--model-desc", default=None, help="how to name --model in the report (default: its path)")
-    ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="append the result to docs/benchmarks/serving.md")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write the result with its environment record as JSON to PATH")
     ap.add_argument("--markdown", default=None, metavar="PATH", help="also write the markdown section to PATH")
@@ -456,6 +456,6 @@ def run(a: argparse.Namespace) -> int:
     if a.markdown is not None:
         write_text(a.markdown, text)
     if a.write:
-        with open(DOC, "a", encoding="utf-8") as f:
+        with open(PAGES / "serving.md", "a", encoding="utf-8") as f:
             f.write(text)
     return 0

@@ -6,7 +6,7 @@ A sampler call allocates its big temporaries afresh: the logits (batch x rows x 
 through the buffers again: about 40,000 faults per batch-8 SDE call on the benchmark model. With the thresholds raised
 to `THRESHOLD` the freed memory is reused by the next call. On a 2-core host that made batch-8 SDE sampling 6 %
 and batch-8 remasking 11 % faster per sample with identical tokens (no change at batch 1). The cost is memory: the
-peak rose by 12 %, and the buffers stay with the process until it exits (docs/benchmarks.md, *Large buffers between
+peak rose by 12 %, and the buffers stay with the process until it exits (docs/benchmarks/process-settings.md, *Large buffers between
 calls*).
 """
 

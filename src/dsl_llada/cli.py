@@ -105,6 +105,16 @@ def cmd_demo(a: argparse.Namespace) -> int:
                                  progress=not a.quiet))
 
 
+def _cmd_train(a: argparse.Namespace) -> int:
+    """`dsl-llada train`: the toy world registered as the source of `data.toy_world` / `eval_bayes_floor`, then the
+    training command."""
+    from .toy.training import register
+    from .train.train_cli import cmd_train
+
+    register()
+    return cmd_train(a)
+
+
 COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")
 """Commands that run a model: each takes `--threads N` (set by `main` before the command runs)."""
 
@@ -228,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     else:
-        add_train_parser(sub)
+        add_train_parser(sub).set_defaults(func=_cmd_train)
     from .eval.eval_cli import add_eval_parser
 
     add_eval_parser(sub)
@@ -242,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+INTERRUPTED = "interrupted; finished artifacts are kept, partial ones were not written"
+"""What Ctrl-C prints (a command may set its own: `interrupted` in its parser's defaults)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -250,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         from .environment import set_threads
 
         set_threads(args.threads)
-    return run_cli_command(args.func, args,
-                           interrupted="interrupted; finished artifacts are kept, partial ones were not written")
+    return run_cli_command(args.func, args, interrupted=getattr(args, "interrupted", INTERRUPTED))
 
 
 if __name__ == "__main__":

@@ -223,9 +223,33 @@ def check_cache_options(mode: str, refresh: object) -> None:
 
 
 @dataclass(frozen=True)
-class SDEConfig(ConfigBase):
-    """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference') run
-    with the authors' sampler (noise in the Heun predictor, the code behind the paper's numbers)."""
+class ForwardOptions(ConfigBase):
+    """How a sampler runs its model forwards: approximate key/value caching and `torch.compile`. `SDEConfig` and
+    `RemaskConfig` both end their own fields with these three (RemaskConfig then adds `threshold`)."""
+
+    kv_cache: CacheMode = "off"
+    """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
+    recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
+    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks/cpu-sampling.md."""
+    cache_refresh: int = 0
+    """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
+    block's first call."""
+    compile: bool = False
+    """Run the backbone forward through `torch.compile` (compiled on the first call and per new shape; remasking's
+    head column count varies from step to step, so its second compile makes it dynamic). Worth it on a GPU, where
+    the eager forward at small batches is launch-bound (docs/benchmarks/gpu.md), not on a small CPU job. Off by default;
+    tokens are those of the eager model up to floating-point rounding."""
+
+    def _check_forward_options(self) -> None:
+        _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        check_cache_options(self.kv_cache, self.cache_refresh)
+        _check(self.kv_cache == "off" or not self.compile,
+               f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
+
+
+@dataclass(frozen=True)
+class _SDEFields(ConfigBase):
+    """The SDE sampler's own fields; `SDEConfig` puts `ForwardOptions`' after them."""
 
     nfe: int = 64
     """NFE N: model evaluations of the Heun solver per denoising window (the whole response, or one block of Block
@@ -258,25 +282,16 @@ class SDEConfig(ConfigBase):
     converter_tolerance: float = 0.0
     """Sparse converter at inference: per position keep only the slots that hold all but < this much of the
     converter's softmax mass, renormalised, and gather those columns of W instead of the dense product
-    (approximate; see docs/benchmarks.md for its deviation). 0 = the exact dense converter (what training uses)."""
+    (approximate; see docs/benchmarks/cpu-sampling.md for its deviation). 0 = the exact dense converter (what training uses)."""
 
-    kv_cache: CacheMode = "off"
-    """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
-    recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
-    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks.md."""
-    cache_refresh: int = 0
-    """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
-    block's first call."""
-    compile: bool = False
-    """Run the denoiser's backbone forward through `torch.compile` (compiled on the first call and per new shape;
-    worth it on a GPU for long runs, not on a small CPU job). Off by default; tokens are those of the eager model up
-    to floating-point rounding."""
+
+@dataclass(frozen=True)
+class SDEConfig(ForwardOptions, _SDEFields):
+    """SDE/Heun sampler settings; defaults are the paper's evaluation settings (Appendix 'SDE Inference') run
+    with the authors' sampler (noise in the Heun predictor, the code behind the paper's numbers)."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
-        check_cache_options(self.kv_cache, self.cache_refresh)
-        _check(self.kv_cache == "off" or not self.compile,
-               f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
+        self._check_forward_options()
         check_number("converter_tolerance", self.converter_tolerance, lo=0.0, hi=1.0,
                      reason="a share of the converter's softmax mass; 0 = exact dense converter, 1 excluded")
         _check(self.converter_tolerance < 1.0, f"converter_tolerance={self.converter_tolerance!r} must be in [0, 1) "
@@ -344,8 +359,9 @@ def eta_for_nfe(nfe: int) -> float:
 
 
 @dataclass(frozen=True)
-class RemaskConfig(ConfigBase):
-    """LLaDA `generate()`-style discrete remasking (and ReMDM when `remdm=True`)."""
+class _RemaskFields(ConfigBase):
+    """The remasking sampler's own fields up to `truncate_at_eos`; `RemaskConfig` puts `ForwardOptions`' after them,
+    then `threshold`."""
 
     steps: int = 64
     """Total denoising steps (= forward passes without CFG)."""
@@ -380,18 +396,12 @@ class RemaskConfig(ConfigBase):
     'argmax' = probability of the sampler's current proposal there (authors' code; the argmax at temperature 0)."""
     truncate_at_eos: bool = True
     """Cut the response at the first EOS/EoT."""
-    kv_cache: CacheMode = "off"
-    """Approximate key/value caching (Fast-dLLM's prefix/dual cache; native LLaDA backbone): between full forwards,
-    recompute only the current block ('dual') or it and everything after it ('prefix') and reuse the other
-    positions' keys/values; 'off' (default) = exact. Costs and quality: docs/benchmarks.md."""
-    cache_refresh: int = 0
-    """With kv_cache: a full forward every R model calls of a block (1 = every call, exact); 0 = only at each
-    block's first call."""
-    compile: bool = False
-    """Run the backbone forward through `torch.compile` (compiled on the first call; the head's column count varies
-    from step to step, so a second compile makes it dynamic). Worth it on a GPU, where the eager forward at small
-    batches is launch-bound (docs/benchmarks.md, *On a GPU*); tokens are those of the eager model up to
-    floating-point rounding."""
+
+
+@dataclass(frozen=True)
+class RemaskConfig(ForwardOptions, _RemaskFields):
+    """LLaDA `generate()`-style discrete remasking (and ReMDM when `remdm=True`)."""
+
     threshold: float | None = None
     """Confidence-threshold parallel decoding (Fast-dLLM's rule; low_confidence remasking only): each step also
     commits every masked position of the block whose confidence exceeds this value, on top of the linear schedule
@@ -401,7 +411,7 @@ class RemaskConfig(ConfigBase):
     near 0 a block is committed in one pass."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.compile, bool), f"compile={self.compile!r} must be true or false")
+        self._check_forward_options()
         if self.threshold is not None:
             check_number("threshold", self.threshold, lo=0.0, hi=1.0,
                          reason="a softmax probability: 1 is never exceeded, None turns the rule off")
@@ -409,11 +419,8 @@ class RemaskConfig(ConfigBase):
                    f"threshold={self.threshold!r} needs remasking='low_confidence' without remdm (it compares the "
                    f"model's confidences; got remasking={self.remasking!r}, remdm={self.remdm!r}): drop threshold "
                    f"or use low_confidence remasking")
-        _check(self.kv_cache == "off" or not self.compile,
-               f"compile=True with kv_cache={self.kv_cache!r} is not supported: the cached forward runs eagerly")
         check_number("steps", self.steps, lo=1, hi=MAX_NFE, integer=True,
                      reason="one forward pass per step (two with cfg_scale > 0); the paper uses at most 256")
-        check_cache_options(self.kv_cache, self.cache_refresh)
         _check(self.kv_cache == "off" or self.cfg_scale == 0,
                f"kv_cache={self.kv_cache!r} with cfg_scale={self.cfg_scale!r} is not supported (the unconditional "
                f"copy would need its own cache): use kv_cache='off' or cfg_scale=0")

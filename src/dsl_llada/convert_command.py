@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import cast
 from pathlib import Path
 
 from .backbones.base import Backbone
 from .config import DSLConfig
 from .errors import CheckpointError
-from .loading import check_tokenizer_files, is_dsl_checkpoint, load_model, parse_dtype
+from .loading import check_tokenizer_files, is_dsl_checkpoint, open_model, parse_dtype
+from .model_source import DTypeName, ModelSource
 
 __all__ = ["ConvertSettings", "run_convert"]
 
@@ -79,7 +81,8 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
         if is_dsl_checkpoint(backbone):
             raise CheckpointError(f"{backbone!r} is already a DSL checkpoint (it has a noise embedding); convert "
                                   f"makes one from a backbone folder")
-        loaded = load_model(backbone, dtype=parse_dtype(settings.dtype), backbone_only=True)
+        source = ModelSource(path=backbone, device="cpu", dtype=cast(DTypeName, settings.dtype))
+        loaded = open_model(source, chat_template=False, backbone_only=True, tokenizer_optional=True).model
         assert isinstance(loaded, Backbone)
         model = DSLModel.convert(loaded, settings.config)
         model.save_pretrained(output, tokenizer_from=backbone)  # every tokenizer file, the chat template included

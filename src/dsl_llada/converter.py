@@ -38,7 +38,7 @@ position with more (a flat softmax, at low SNR) goes through the dense product, 
 SLOT_ALIGN = 16
 """Inference rows of slot logits start on a multiple of SLOT_ALIGN floats (64 bytes): with V+1 = 32,769 columns every
 row of an unpadded buffer starts misaligned, and the slot-logit matmul writing it ran at ~60 % of the speed of an
-aligned one (2-core AMD EPYC, MKL; docs/benchmarks.md)."""
+aligned one (2-core AMD EPYC, MKL; docs/benchmarks/cpu-sampling.md)."""
 SLOT_ALIGN_MIN_ROWS = 16
 """...only for chunks of at least this many rows: MKL takes another kernel for 1-3 rows, whose results depend on the
 row stride (measured), and the product is cheap there anyway."""
@@ -314,11 +314,11 @@ def top_m_values(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     typically ~1.5 m values of the row are >= t; when every row has at least m of them (checked, not assumed), the
     top m of the row are among them, and one `topk` over these candidates gives exactly the row's top m. Otherwise
     (an unlucky sample, NaNs, flat rows) it is `topk` over the whole row. Measured at 128 x 32,768, M = 512 on the
-    2-core CPU, 1 thread: about 18 ms instead of `topk`'s 30 (docs/benchmarks.md).
+    2-core CPU, 1 thread: about 18 ms instead of `topk`'s 30 (docs/benchmarks/cpu-sampling.md).
 
     The candidate array (which positions, in which order) decides the order that `topk` gives exactly tied values,
     and that order the summation order of the posterior mean: with bf16 logits ties are common, so the candidates
-    must stay exactly these (a different threshold changed bf16 tokens; docs/benchmarks.md)."""
+    must stay exactly these (a different threshold changed bf16 tokens; docs/benchmarks/cpu-sampling.md)."""
     rows, n = x.shape
     k_sub = -(-3 * m // (2 * TOP_M_STRIDE))
     if x.device.type != "cpu" or n < 16 * m or rows == 0:

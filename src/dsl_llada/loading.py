@@ -105,8 +105,9 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: 
     `assume_released`: a DSL checkpoint without dsl_config.json is the released layout (else refused).
     `special`: the model's special token ids (default: read from the folder's config and tokenizer files).
     `backbone_only`: a DSL checkpoint's backbone alone (its converter and noise table are not read).
-    Commands open models with `open_model` (this plus the tokenizer, device, dtype and checks); the toy demo's
-    cached stages and the trainer's starting point load with this directly."""
+    Commands open models with `open_model` (this plus the tokenizer, device, dtype and checks); only the trainer's
+    starting point loads with this directly (its tokenizer is a setting of its own, see
+    `train.components.load_training_model`)."""
     check_device(device)
     dsl = is_dsl_checkpoint(path)
     if dsl and not backbone_only:
@@ -264,12 +265,18 @@ def resolve_source(source: ModelSource) -> ModelSource:
     return source.replace(path=path, device=device, dtype=dtype)
 
 
-def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandle:
+def open_model(source: ModelSource, *, chat_template: bool = True, backbone_only: bool = False,
+               special: SpecialTokens | None = None, tokenizer_optional: bool = False) -> ModelHandle:
     """Open a model as every command does: resolve the source (`resolve_source`), set the thread count when given,
     read and check the tokenizer (its chat template rendered once when `chat_template`), load the model (a DSL
     checkpoint, the released layout only with `assume_released`, or a bare backbone), refuse a tokenizer that is not
     the model's (`check_vocabulary`: more tokens than the model has, or special ids that differ), and quantize it when
-    asked."""
+    asked.
+
+    `backbone_only`: a DSL checkpoint's backbone alone (`load_model`). `special`: the model's special token ids when
+    the caller knows them (default: read from the folder). `tokenizer_optional`: a tokenizer folder without
+    vocabulary files is allowed, and the handle's `tokenizer` is then None (`convert` copies whatever tokenizer files
+    a backbone has; the toy world's shipped model has its tokenizer built from the world)."""
     source = resolve_source(source)
     if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
         from .environment import set_threads
@@ -277,10 +284,13 @@ def open_model(source: ModelSource, *, chat_template: bool = True) -> ModelHandl
         set_threads(source.threads)
     path = cast(str, source.path)
     tokenizer_path = source.tokenizer or path
-    tokenizer = load_tokenizer(tokenizer_path, chat_template=chat_template)
+    has_tokenizer = not (tokenizer_optional and Path(tokenizer_path).is_dir() and not check_tokenizer_files(tokenizer_path))
+    tokenizer = load_tokenizer(tokenizer_path, chat_template=chat_template) if has_tokenizer else None
     dtype = parse_dtype(source.dtype)
-    model = load_model(path, dtype=dtype, device=cast(str, source.device), assume_released=source.assume_released)
-    check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
+    model = load_model(path, dtype=dtype, device=cast(str, source.device), assume_released=source.assume_released,
+                       special=special, backbone_only=backbone_only)
+    if tokenizer is not None:
+        check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
     if source.quantize != "none":
         from .quantize import quantize_backbone
 

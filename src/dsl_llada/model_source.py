@@ -40,7 +40,7 @@ class ModelSource(ConfigBase):
     else fp32; the converter softmax, posterior and SDE state stay fp32)."""
     quantize: Literal["none", "int8"] = "none"
     """int8: weight-only int8 backbone linear layers via torchao (about half a bf16 backbone's weight memory;
-    measured quality cost in docs/benchmarks.md; needs dsl-llada[quantize])."""
+    measured quality cost in docs/benchmarks/precision-memory.md; needs dsl-llada[quantize])."""
     assume_released: bool = False
     """A DSL checkpoint without dsl_config.json is the released DSL-LLaDA layout (settings inferred:
     context_embedding='wte', frozen noise embedding); without it such a checkpoint is refused."""

@@ -4,7 +4,7 @@ A sampler call runs hundreds of short parallel regions (norms, RoPE, small GEMMs
 either spins (quick to wake, but it holds a core that a neighbour process may need) or sleeps (the core is free,
 but each wake-up costs tens of microseconds). On a 2-core host, letting a thread spin `SPIN_COUNT` times before it
 sleeps made SDE sampling 11-13 % faster than sleeping at once on an idle machine. Beside a busy neighbour it was
-4-18 % slower, where OpenMP's own default was up to 5.6x slower than one thread (docs/benchmarks.md, *OpenMP
+4-18 % slower, where OpenMP's own default was up to 5.6x slower than one thread (docs/benchmarks/process-settings.md, *OpenMP
 waiting: what the CLI sets*).
 """
 

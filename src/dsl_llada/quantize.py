@@ -4,7 +4,7 @@
 projections, the output head) by an int8 tensor with one scale per output row (torchao's `Int8WeightOnlyConfig`);
 activations stay in the model's dtype, the input embedding (a lookup), the norms and the DSL converter (its value
 map W feeds the backbone, its (V+1)-way softmax is fp32) are not quantized. Opt-in (`--quantize int8`): it halves
-a bf16 backbone's weight memory at a measured quality cost (docs/benchmarks.md) and is usually not faster on a CPU.
+a bf16 backbone's weight memory at a measured quality cost (docs/benchmarks/precision-memory.md) and is usually not faster on a CPU.
 
 `memory_estimate(config, ...)` counts the bytes of weights a loaded model holds for a LLaDA config (no weights are
 read), used by `dsl-llada convert --dry-run`.

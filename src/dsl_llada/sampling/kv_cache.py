@@ -9,7 +9,7 @@ the calls in between recompute only
 The reused keys/values are those of the last full forward, so they miss what the window changed since (in a
 bidirectional model the prompt attends to the response): the logits are approximate. `refresh=1` runs the full
 forward at every call (exact); `refresh=0` only at each window's first call. Off by default (`kv_cache='off'`);
-docs/benchmarks.md measures what it costs on the toy world with exact likelihood.
+docs/benchmarks/cpu-sampling.md measures what it costs on the toy world with exact likelihood.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class LogitsBuffer:
 
     At batch 8 x W 64 x V 32k the block logits are 67 MB: allocated fresh every step they are above the allocator's
     mmap threshold, so each step maps new pages and page-faults on first touch (most of remasking's batch-8
-    penalty, docs/benchmarks.md *Batching*). `view(B, W, V)` hands out a view of one flat buffer, grown only when
+    penalty, docs/benchmarks/cpu-sampling.md *Batching*). `view(B, W, V)` hands out a view of one flat buffer, grown only when
     a step needs more elements (a batch that loses rows keeps it).
 
     Copy-on-keep: a step callback may keep the logits it was shown (the `StepInfo`, the tensor, any view or a

@@ -87,7 +87,7 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     """`torch.logsumexp(logits, -1)`, bit for bit (each row is reduced on its own), over chunks of rows whose
     temporaries stay under `LSE_CHUNK_BYTES`: at batch 8 x V = 32k a whole-tensor logsumexp allocates ~67 MB
     temporaries per step, which the allocator maps fresh (page faults) every time; small chunks reuse cached memory
-    (docs/benchmarks.md, *Batching*)."""
+    (docs/benchmarks/cpu-sampling.md, *Batching*)."""
     return _row_sweep(logits, with_argmax=False)[1]
 
 

@@ -27,7 +27,8 @@ from ..backbones.llada import LLaDABackbone, tiny_llada_config
 from ..backbones.base import Backbone
 from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
 from ..environment import environment_record, finish_record
-from ..loading import DTYPES, load_model
+from ..loading import DTYPES, open_model
+from ..model_source import ModelSource
 from ..eval.report import plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
@@ -247,7 +248,7 @@ class Demo:
         path, hit = self._cached("pretrained-mdm", key)
         if hit:
             self.echo(f"[1/4] pretrained masked DLM: cached ({path.name})")
-            cached = load_model(path, special=self.special)
+            cached = self._open(path)
             assert isinstance(cached, LLaDABackbone)  # the stage saved one
             return cached
         self.echo(f"[1/4] pretraining a tiny LLaDA-architecture masked DLM ({self.cfg.pretrain.steps} MDM steps)")
@@ -261,6 +262,11 @@ class Demo:
         atomic_write_text(path / "loss_curve.json", json.dumps(curve))
         self._seal(path)
         return bb
+
+    def _open(self, path: Path) -> DSLModel | Backbone:
+        """A cached stage's model (saved with the world's tokenizer), on the CPU in fp32 with the world's ids."""
+        source = ModelSource(path=str(path), device="cpu", dtype="float32")
+        return open_model(source, chat_template=False, special=self.special).model
 
     def adapted(self, base: LLaDABackbone, train, objective: str) -> DSLModel | Backbone:
         stage = self.cfg.cpt.replace(objective=objective)
@@ -277,7 +283,7 @@ class Demo:
             self.echo(f"      {label}: cached ({path.name})")
             if (path / "stop.json").is_file():
                 self.stops[objective] = json.loads((path / "stop.json").read_text())
-            return load_model(path, special=self.special)  # a DSL checkpoint for "dsl", a backbone for the controls
+            return self._open(path)  # a DSL checkpoint for "dsl", a backbone for the controls
         self.echo(f"      {label} ({stage.steps} steps" + (f", ending once the held-out excess loss over the Bayes "
                                                           f"floor is <= {target:g} nats)" if target else ")"))
         copied = self._copy_backbone(base)

@@ -14,6 +14,8 @@ from ..backbones.base import Backbone
 from ..config import ConfigBase, ConfigError
 from ..model import DSLModel
 from ..numerics import deterministic_algorithms
+from ..train.objectives import check_finite, get_objective
+from ..train.optim import group_parameters
 from ..utils import progress as progress_bar
 from .tasks import TaskExample, make_split, render_sft_example
 from .world import ToyWorld
@@ -82,8 +84,6 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
     """The trainer's grouping function (`dsl_llada.train.optim.group_parameters`) with the demo's one difference:
     the converter's matrices are not decayed (`decay_converter_matrices=False`; the trainer decays them, as the
     paper). Each group keeps its `base_lr` for the warmup."""
-    from ..train.optim import group_parameters
-
     groups = group_parameters(model, lr=stage.lr, weight_decay=stage.weight_decay,
                               converter_lr_mult=stage.converter_lr_mult, decay_converter_matrices=False)
     return [{**{k: v for k, v in g.items() if k != "param_names"}, "base_lr": g["lr"]} for g in groups]
@@ -109,8 +109,6 @@ def run_stage(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample]
 def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
            block_size: int, gen_length: int, progress: bool, desc: str, check: StopCheck | None = None,
            check_every: int = 0) -> list[float]:
-    from ..train.objectives import check_finite, get_objective
-
     ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
     options: dict[str, Any] = {"stratified_t": True} if stage.stratified_t else {}
     if stage.snr_per_token:

@@ -17,7 +17,8 @@ from typing import Any
 from ..backbones.base import SpecialTokens
 from ..backbones.llada import LLaDABackbone
 from ..errors import CheckpointError
-from ..loading import load_model
+from ..loading import open_model
+from ..model_source import ModelSource
 
 __all__ = ["load_pretrained", "recipe", "shipped_dir"]
 
@@ -44,6 +45,7 @@ def load_pretrained(key: dict[str, Any], special: SpecialTokens) -> LLaDABackbon
             raise CheckpointError(f"the package's pretrained toy model file {folder / name} has SHA-256 {got}, not "
                                   f"the recorded {digest}: the installation is damaged (reinstall the package), or "
                                   f"run `dsl-llada demo --from-scratch`")
-    backbone = load_model(folder, special=special)
+    source = ModelSource(path=str(folder), device="cpu", dtype="float32")  # its tokenizer is built from the world
+    backbone = open_model(source, chat_template=False, special=special, tokenizer_optional=True).model
     assert isinstance(backbone, LLaDABackbone)
     return backbone

@@ -1,7 +1,7 @@
-"""`python -m dsl_llada.train --config FILE key=value ...` (same as `dsl-llada train`)."""
+"""`python -m dsl_llada.train --config FILE key=value ...`: the main CLI's `dsl-llada train`."""
 
 import sys
 
-from .train_cli import main
+from ..cli import main
 
-sys.exit(main())
+sys.exit(main(["train", *sys.argv[1:]]))

@@ -20,8 +20,7 @@ from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
 if TYPE_CHECKING:
-    from .floor_eval import FloorEval
-    from .toy_source import ToyWorldCorpus
+    from .world_source import FloorMetric, WorldCorpus
 
 logger = logging.getLogger("dsl_llada.train")
 
@@ -144,6 +143,8 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
         if is_dsl_checkpoint(path) and config.objective != "dsl":
             logger.warning("%s is a DSL checkpoint; the %r control trains its backbone only (the converter is "
                            "dropped from the saved checkpoints)", path, config.objective)
+        # Not through `open_model`: the run's tokenizer is a setting of its own (`tokenizer`: a folder, 'bytes',
+        # 'ids', or the toy world's), which init_from need not hold, and accelerate places the fp32 CPU model itself.
         model = load_model(path, backbone_only=config.objective != "dsl")
     if isinstance(model, Backbone):
         model = DSLModel.convert(model, config.dsl) if config.objective == "dsl" else model
@@ -156,23 +157,22 @@ def load_training_model(config: TrainConfig, source: str | Path | nn.Module | No
     return model
 
 
-def _toy_corpus(config: TrainConfig) -> "ToyWorldCorpus | None":
-    """The run's toy-world corpus (`data.toy_world`), or None."""
+def _toy_corpus(config: TrainConfig) -> "WorldCorpus | None":
+    """The run's toy-world corpus (`data.toy_world`, from the registered `world_source.WorldTraining`), or None."""
     if config.data.toy_world is None:
         return None
-    from .toy_source import toy_world_corpus
+    from .world_source import world_training
 
-    return toy_world_corpus(config.data.toy_world)
+    return world_training().corpus(config.data.toy_world)
 
 
-def floor_evaluator(config: TrainConfig) -> "FloorEval | None":
-    """The run's `eval_bayes_floor` measurement (`floor_eval.FloorEval`; the toy world's oracle is imported only
-    then), or None."""
+def floor_evaluator(config: TrainConfig) -> "FloorMetric | None":
+    """The run's `eval_bayes_floor` measurement (from the registered `world_source.WorldTraining`), or None."""
     if config.eval_bayes_floor is None:
         return None
-    from .floor_eval import FloorEval
+    from .world_source import world_training
 
-    return FloorEval(config)
+    return world_training().floor_metric(config)
 
 
 def _byte_encode(text: str) -> list[int]:

@@ -21,8 +21,8 @@ HF stream with a 10,000 buffer); with a 10,000-block buffer each rank tokenises 
 
 ``format="sft"``: one conversation per block, see :mod:`dsl_llada.train.sft`; output adds
 ``prompt_length``; conversations (not blocks) are dealt round-robin to ranks. ``toy_world``: the
-embedded toy world's conversations, already in blocks (:mod:`dsl_llada.train.toy_source`), dealt
-and shuffled the same way.
+embedded toy world's conversations, already in blocks (from the world registered in
+:mod:`dsl_llada.train.world_source`), dealt and shuffled the same way.
 
 Local files: ``.txt`` (documents are blank-line-separated paragraphs by default,
 ``txt_documents="file"`` makes each file one document), ``.jsonl`` (one JSON object per
@@ -108,10 +108,10 @@ class TokenBlockDataset(IterableDataset):
         self._texts = None if texts is None else list(texts)
         self._files = expand_files(config.files) if config.files is not None else None
         self._toy: tuple[torch.Tensor, torch.Tensor] | None = None
-        if config.toy_world is not None:  # the conversations, already in blocks (toy_source)
-            from .toy_source import toy_world_blocks
+        if config.toy_world is not None:  # the conversations, already in blocks (the registered world)
+            from .world_source import world_training
 
-            self._toy = toy_world_blocks(config.toy_world, config.block_size)
+            self._toy = world_training().corpus(config.toy_world).blocks(config.block_size)
         self._resume_pending = False
         self._reset(0)
 

@@ -1,22 +1,21 @@
 """The toy-world settings of a training run: the data source `data.toy_world` and the metric `eval_bayes_floor`.
 
-Plain validated dataclasses (the conversations are built by `toy_source`, the metric is computed by `floor_eval`);
-the toy package is imported only when a toy-world setting is actually used.
+Plain validated dataclasses: the world that builds the conversations and computes the metric plugs in through
+`world_source` (the toy package implements it; training never imports it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import ConfigBase, _check
 
-if TYPE_CHECKING:
-    from ..toy.world import ToyWorldConfig
-
-__all__ = ["BayesFloorConfig", "ToyWorldData", "MAX_HELDOUT", "MAX_TOY_TRAIN"]
+__all__ = ["BayesFloorConfig", "ToyWorldData", "MAX_HELDOUT", "MAX_TOY_TOPICS", "MAX_TOY_TRAIN"]
 
 MAX_TOY_SEED = 2**31 - 1
+MAX_TOY_TOPICS = 8
+"""The topics of the toy world's lexicon (a test holds this equal to the lexicon's own count)."""
 MAX_TOY_SENTENCES = 10
 """Longest responses the toy-world source accepts: the response automaton grows with the sentence cap and every
 sentence adds 10 words of `gen_length`."""
@@ -54,10 +53,8 @@ class ToyWorldData(ConfigBase):
     """Training conversations: n_train / 2 open-ended and n_train / 2 summarisation, alternating (an even number)."""
 
     def __post_init__(self) -> None:
-        from ..toy.words import ALL_TOPICS
-
         _int_in("data.toy_world.seed", self.seed, 0, MAX_TOY_SEED)
-        _int_in("data.toy_world.n_topics", self.n_topics, 1, len(ALL_TOPICS), " (the topics of the lexicon)")
+        _int_in("data.toy_world.n_topics", self.n_topics, 1, MAX_TOY_TOPICS, " (the topics of the lexicon)")
         _int_in("data.toy_world.max_sentences", self.max_sentences, 2, MAX_TOY_SENTENCES,
                 " (summarisation documents have at least 2 sentences)")
         _int_in("data.toy_world.gen_length", self.gen_length, 10 * self.max_sentences + 1, MAX_TOY_GEN_LENGTH,
@@ -66,12 +63,6 @@ class ToyWorldData(ConfigBase):
         _int_in("data.toy_world.n_train", self.n_train, 2, MAX_TOY_TRAIN)
         _check(self.n_train % 2 == 0, f"data.toy_world.n_train={self.n_train} is not valid: it must be even (half "
                                       f"open-ended, half summarisation conversations)")
-
-    def world_config(self) -> "ToyWorldConfig":
-        from ..toy.world import ToyWorldConfig
-
-        return ToyWorldConfig(seed=self.seed, n_topics=self.n_topics, max_sentences=self.max_sentences,
-                              gen_length=self.gen_length)
 
 
 @dataclass(frozen=True)

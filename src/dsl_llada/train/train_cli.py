@@ -1,5 +1,5 @@
-"""`dsl-llada train` / `python -m dsl_llada.train`: argument parsing into `train_command.run_train(TrainSettings)`
-(no training logic here).
+"""`dsl-llada train` (also `python -m dsl_llada.train`): argument parsing into `train_command.run_train(TrainSettings)`
+(no training logic here). The main CLI registers the toy world's training source before `cmd_train` runs.
 
     dsl-llada train --config configs/paper-8b.yaml init_from=/models/LLaDA-8B-Instruct output_dir=runs/dsl
     accelerate launch --config_file configs/deepspeed_zero2.yaml -m dsl_llada train --config configs/paper-8b.yaml ...
@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..utils import run_cli_command
-
-__all__ = ["add_train_arguments", "add_train_parser", "build_train_parser", "cmd_train", "main"]
+__all__ = ["INTERRUPTED", "add_train_arguments", "add_train_parser", "cmd_train"]
 
 EPILOG = """\
 overrides are dotted TrainConfig keys, e.g.
@@ -27,6 +25,9 @@ exit codes: 0 done, 2 bad configuration or data (or output_dir in use by another
   3 training diverged (non-finite loss; last good checkpoint kept)
 """
 
+INTERRUPTED = "interrupted; the last complete checkpoint is kept (resume='auto' continues from it)"
+"""What Ctrl-C during a run prints."""
+
 
 def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", default=None, metavar="FILE",
@@ -37,7 +38,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="resume=CHECKPOINT older than output_dir's newest checkpoint: discard the later checkpoints "
                         "(without it such a resume is refused; branch into a new output_dir instead)")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, interrupted=INTERRUPTED)
     return p
 
 
@@ -49,18 +50,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     return add_train_arguments(p)
 
 
-def build_train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dsl_llada.train", epilog=EPILOG,
-                                description="Train with a YAML/JSON preset plus dotted key=value overrides.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    return add_train_arguments(p)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Parse the preset and overrides into TrainSettings and run the library's `run_train`."""
-    from .train_command import TrainSettings, run_train
+    from .train_command import TrainSettings, os_rank, run_train
     from .train_config import load_train_config
 
+    if os_rank() != 0:  # one process logs the run
+        logging.getLogger().setLevel(logging.WARNING)
     config = load_train_config(args.config, args.overrides)
     if getattr(args, "quiet", False):
         config = config.replace(progress=False)
@@ -68,15 +64,4 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(config.to_json())
         return 0
     return run_train(TrainSettings(config, overwrite=args.overwrite))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .train_command import os_rank
-
-    args = build_train_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if os_rank() != 0:
-        logging.getLogger().setLevel(logging.WARNING)
-    return run_cli_command(args.func, args,
-                           interrupted="interrupted; the last complete checkpoint is kept (resume='auto' continues from it)")
 
