@@ -23,7 +23,7 @@ from typing import Any
 from ..model_source import ModelSource
 from ..sampling.registry import SAMPLERS
 
-__all__ = ["LmEvalSettings", "run_lm_eval"]
+__all__ = ["LmEvalSettings", "check_task_files", "run_lm_eval"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,40 @@ class LmEvalSettings:
             raise ValueError(f"--limit {self.limit} must be a positive number of examples or a fraction in (0, 1)")
 
 
+def check_task_files(include_path: str | Path) -> None:
+    """Refuse an include path that is not a folder, or that holds a task YAML file which does not parse: lm-eval
+    itself skips such a file and then calls its tasks unknown. lm-eval's own tags (`!function utils.f`) are
+    accepted; only the YAML syntax is checked here."""
+    import yaml
+
+    root = Path(include_path)
+    if not root.is_dir():
+        raise ValueError(f"--include-path {str(include_path)!r} is not a folder")
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    for path in sorted(p for ext in ("*.yaml", "*.yml") for p in root.rglob(ext)):
+        if not path.is_file():
+            continue
+        try:
+            yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"task file '{path}' is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f"line {where.line + 1}, column {where.column + 1}: " if where is not None else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"task file '{path}' is not valid YAML ({at}{what}); fix it or move it out of "
+                             f"--include-path") from None
+
+
 def run_lm_eval(settings: LmEvalSettings) -> int:
     """Run the tasks and print lm-eval's results table (the main process; other ranks return at once). Returns 0."""
     s = settings
-    if s.include_path is not None and not Path(s.include_path).is_dir():
-        raise ValueError(f"--include-path {s.include_path!r} is not a folder")
+    if s.include_path is not None:
+        check_task_files(s.include_path)
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
