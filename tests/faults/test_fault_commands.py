@@ -37,3 +37,22 @@ def test_task_files_with_lm_eval_tags_pass_the_check_and_bad_bytes_do_not(tmp_pa
     with pytest.raises(ValueError, match=r"task file '.*/sub/bad.yaml' is not UTF-8 text \(invalid start byte at "
                                          r"byte 6\)"):
         check_task_files(tmp_path)
+
+
+# -- eval report on a damaged run marker ---------------------------------------------------------------------------
+def test_eval_report_on_a_damaged_eval_run_json_names_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    marker = run / "eval_run.json"
+    for damage, why in (('{"format": 1, "version": "0.1", "config": {"mod', "not valid JSON (Unterminated string"),
+                        ("[1, 2]", "it holds no 'config' object"),
+                        ('{"format": 1, "config": {"models": 3}}', "its config is not valid ("),
+                        (b"\x00\xff\x00", "not valid JSON (")):
+        marker.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
+        capsys.readouterr()
+        assert main(["eval", "report", str(run)]) == 2
+        (line,) = error_lines(capsys.readouterr().err)
+        assert line.startswith(f"error: '{marker}' is damaged: {why}"), line
+        assert line.endswith("; restore it from a copy, or run the evaluation again into this folder with "
+                             "`eval run --new-run` (the old records are moved aside)")
+        assert sorted(p.name for p in run.iterdir()) == ["eval_run.json"]  # no figures/ or summary left behind
