@@ -56,3 +56,24 @@ def test_eval_report_on_a_damaged_eval_run_json_names_the_file(tmp_path, capsys)
         assert line.endswith("; restore it from a copy, or run the evaluation again into this folder with "
                              "`eval run --new-run` (the old records are moved aside)")
         assert sorted(p.name for p in run.iterdir()) == ["eval_run.json"]  # no figures/ or summary left behind
+
+
+# -- eval run with a missing model folder --------------------------------------------------------------------------
+def test_eval_run_with_a_missing_model_folder_says_the_model_folder_is_missing(models, tmp_path, capsys, monkeypatch):
+    from fault_utils import ROOT
+
+    backbone, _ = models
+    monkeypatch.chdir(ROOT)  # the preset's data path is relative to the checkout
+    missing, out = tmp_path / "no-such-model", tmp_path / "run"
+    capsys.readouterr()
+    assert main(["eval", "run", "--config", "configs/eval/toy-generation.yaml", f"models.dsl.path={missing}",
+                 f"models.mdm.path={backbone}", "--out", str(out), "-q"]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == f"error: model 'dsl': model folder {str(missing)!r} does not exist"
+    assert not out.exists()
+    # a separate tokenizer folder that is missing is named as the tokenizer's
+    assert main(["eval", "run", "--config", "configs/eval/toy-generation.yaml", f"models.dsl.path={backbone}",
+                 f"models.dsl.tokenizer={missing}", f"models.mdm.path={backbone}", "--out", str(out), "-q"]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == f"error: model 'dsl': tokenizer folder {str(missing)!r} does not exist"
+    assert not out.exists()
