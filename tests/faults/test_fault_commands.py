@@ -77,3 +77,39 @@ def test_eval_run_with_a_missing_model_folder_says_the_model_folder_is_missing(m
     (line,) = error_lines(capsys.readouterr().err)
     assert line == f"error: model 'dsl': tokenizer folder {str(missing)!r} does not exist"
     assert not out.exists()
+
+
+# -- --allow-download without a way to the hub --------------------------------------------------------------------
+def _cli_without_hub(argv: list[str], hf_home, **env: str):
+    """The CLI in a subprocess with an empty hub cache and the hub made unreachable by `env`."""
+    import os
+    import subprocess
+    import sys
+
+    from fault_utils import ROOT
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    full = {**base, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HOME": str(hf_home), **env}
+    return subprocess.run([sys.executable, "-m", "dsl_llada", *argv], capture_output=True, text=True, env=full,
+                          timeout=300, cwd=hf_home)
+
+
+def test_allow_download_without_the_hub_names_the_model_id_in_one_line(tmp_path):
+    model = "someone/missing-model"
+    offline = {"HF_HUB_OFFLINE": "1"}  # downloads turned off
+    unreachable = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there: refused
+    for env, why in ((offline, "downloads are turned off on this machine (HF_HUB_OFFLINE is set)"),
+                     (unreachable, "the hub cannot be reached from this machine (ConnectError: ")):
+        for argv in (["convert", model, str(tmp_path / "out"), "--allow-download"],
+                     ["generate", "--model", model, "--allow-download", "--prompt", "hi", "--device", "cpu"]):
+            r = _cli_without_hub(argv, tmp_path, **env)
+            assert r.returncode == 2, r.stderr
+            (line,) = error_lines(r.stderr)
+            assert line.startswith(f"error: cannot fetch {model!r} from the Hugging Face hub: {why}"), line
+            assert line.endswith("and it is not in the local hub cache; download it where the hub can be reached "
+                                 "and pass its folder instead")
+            assert not (tmp_path / "out").exists()
+    r = _cli_without_hub(["convert", "a/b/c", str(tmp_path / "out"), "--allow-download"], tmp_path, **offline)
+    (line,) = error_lines(r.stderr)
+    assert r.returncode == 2 and line.startswith("error: 'a/b/c' is neither a local folder nor a Hugging Face hub id "
+                                                 "(Repo id must be in the form")
