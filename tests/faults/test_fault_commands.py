@@ -113,3 +113,40 @@ def test_allow_download_without_the_hub_names_the_model_id_in_one_line(tmp_path)
     (line,) = error_lines(r.stderr)
     assert r.returncode == 2 and line.startswith("error: 'a/b/c' is neither a local folder nor a Hugging Face hub id "
                                                  "(Repo id must be in the form")
+
+
+# -- convert to a symbolic link that names a folder ----------------------------------------------------------------
+def test_convert_to_a_link_to_a_folder_writes_into_the_folder_it_names(models, tmp_path, capsys):
+    backbone, _ = models
+    real = tmp_path / "checkpoints" / "dsl"
+    real.mkdir(parents=True)
+    link = tmp_path / "out"
+    link.symlink_to(real, target_is_directory=True)
+    assert main(["convert", str(backbone), str(link), "--noise-dim", "8"]) == 0
+    assert link.is_symlink() and link.resolve() == real  # the link is kept and still names the folder
+    assert (real / "dsl_config.json").is_file() and (real / "model.safetensors").is_file()
+    first = (real / "model.safetensors").read_bytes()
+    # the folder now holds a checkpoint: the folder rules apply to it through the link
+    capsys.readouterr()
+    assert main(["convert", str(backbone), str(link), "--noise-dim", "8"]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: output folder {str(link)!r} already holds a checkpoint; pass --overwrite")
+    assert main(["convert", str(backbone), str(link), "--noise-dim", "8", "--seed", "7", "--overwrite"]) == 0
+    assert link.is_symlink() and (real / "model.safetensors").read_bytes() != first  # another noise table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "out"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["dsl"]  # no temp folder or lock file left
+
+
+def test_convert_to_a_link_to_a_folder_of_other_files_is_refused_through_the_link(models, tmp_path, capsys):
+    backbone, _ = models
+    real = tmp_path / "mine"
+    real.mkdir()
+    (real / "notes.txt").write_text("keep")
+    link = tmp_path / "out"
+    link.symlink_to(real)
+    capsys.readouterr()
+    assert main(["convert", str(backbone), str(link), "--overwrite"]) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: output folder {str(link)!r} is not empty and is not a checkpoint written by "
+                           f"dsl-llada (it holds notes.txt)")
+    assert [p.name for p in real.iterdir()] == ["notes.txt"] and link.is_symlink()
