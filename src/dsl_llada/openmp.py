@@ -28,9 +28,12 @@ ACCEPTED = {
     "GOMP_SPINCOUNT": (re.compile(r"\s*(\+?\d+\s*[kmgt]?|infinite|infinity)\s*", re.IGNORECASE),
                        "a non-negative integer, optionally with a k, M, G or T suffix, or 'infinite'"),
     "OMP_WAIT_POLICY": (re.compile(r"\s*(active|passive)\s*", re.IGNORECASE), "ACTIVE or PASSIVE (any case)"),
-    # LLVM/Intel OpenMP: milliseconds (or with an ms/us unit), or infinite/infinity
-    "KMP_BLOCKTIME": (re.compile(r"\s*(\d+\s*(ms|us)?|infinite|infinity)\s*", re.IGNORECASE),
-                      "a non-negative number of milliseconds (optionally with an ms or us unit), or 'infinite'"),
+    # LLVM/Intel OpenMP: a number, milliseconds unless a unit follows (s, m, h, d; newer releases also ms, us),
+    # or infinit... ; what any release takes is kept
+    "KMP_BLOCKTIME": (re.compile(r"\s*(\+?(\d+\.?\d*|\.\d+)([e][+-]?\d+)?\s*(ms|us|[smhd])?|infinit\w*)\s*",
+                                 re.IGNORECASE),
+                      "a non-negative number of milliseconds, optionally with a unit (ms, us, s, m, h or d), or "
+                      "'infinite'"),
 }
 """What each runtime accepts for each setting, and the same in words. A value outside it is rejected by the OpenMP
 runtime, which then falls back to its own default (for GNU OpenMP: a 300,000-iteration spin)."""
@@ -41,11 +44,12 @@ recorded in every environment record beside the values in effect."""
 
 
 def accepts(name: str, value: str) -> bool:
-    """Whether the OpenMP runtime reading `name` takes `value` (a count too large for 64 bits is rejected too)."""
+    """Whether the OpenMP runtime reading `name` takes `value` (a spin count too large for 64 bits is rejected
+    too)."""
     pattern, _ = ACCEPTED[name]
     if pattern.fullmatch(value) is None:
         return False
-    digits = re.sub(r"\D", "", value)
+    digits = re.sub(r"\D", "", value) if name == "GOMP_SPINCOUNT" else ""
     return not digits or int(digits) < 1 << 64
 
 

@@ -74,7 +74,8 @@ def test_an_invalid_setting_beside_a_valid_one_leaves_the_valid_one_in_charge(mo
     ("GOMP_SPINCOUNT", ["0", "1000", " 10k ", "2M", "3 g", "1T", "+5", "infinite", "INFINITY", str(2**64 - 1)],
      ["", " ", "banana", "-5", "1.5", "10kk", "k", "10 x", "infinite!", str(2**64)]),
     ("OMP_WAIT_POLICY", ["active", "PASSIVE", " Passive "], ["", "spin", "activ", "PASSIVE x"]),
-    ("KMP_BLOCKTIME", ["0", "200", "5ms", "10 us", "infinite"], ["", "-1", "fast", "1.5.2"]),
+    ("KMP_BLOCKTIME", ["0", "200", "1.5", "2s", "5ms", "10 us", "1e3", "infinite", "Infinity"],
+     ["", "-1", "fast", "1.5.2", "5 weeks", "10x"]),
 ])
 def test_the_accepted_values_follow_each_runtime(name, good, bad):
     assert [v for v in good if not openmp.accepts(name, v)] == []
