@@ -60,7 +60,7 @@ def test_the_cli_keeps_a_freed_large_buffer_for_the_next_one():
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc thresholds only")
 def test_glibcs_own_setting_wins():
     shown = _forward_faults("cli", MALLOC_MMAP_THRESHOLD_="65536")
-    assert shown["malloc"] is None
+    assert shown["malloc"] == {"mmap_threshold": 65536, "trim_threshold": None, "set_by": "MALLOC_MMAP_THRESHOLD_"}
 
 
 @pytest.mark.parametrize("name", allocator.USER_VARIABLES)

@@ -164,6 +164,105 @@ def test_judge_settings_refuse_a_missing_or_double_back_end(tmp_path):
         JudgeBackendSettings(endpoint="http://127.0.0.1:9/v1")
 
 
+# -- eval report ---------------------------------------------------------------------------------------------------
+def test_run_eval_report_summarises_a_run_in_its_mode_or_another(eval_models, tmp_path, capsys, one_thread):  # noqa: F811
+    import json
+
+    from dsl_llada.eval.eval_command import EvalReportSettings, run_eval_command, run_eval_report
+
+    run = tmp_path / "run"
+    assert run_eval_command(_eval_settings(eval_models, run, report=False)) == 0
+    assert not (run / "summary.md").exists()
+    capsys.readouterr()
+    assert run_eval_report(EvalReportSettings(str(run))) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line == {"summary": str(run / "summary.md"), "records": 4, "errors": 0, "figures": line["figures"]}
+    assert json.loads((run / "summary.json").read_text())["scoring_mode"] == "default"  # the run's own mode
+    assert run_eval_report(EvalReportSettings(str(run), mode="authors")) == 0
+    assert json.loads((run / "summary.json").read_text())["scoring_mode"] == "authors"
+    with pytest.raises(ValueError, match=r"--mode 'paper' is not valid; expected one of \['default', 'authors'\]"):
+        EvalReportSettings(str(run), mode="paper")
+    with pytest.raises(FileNotFoundError, match="is not a `dsl-llada eval run` folder"):
+        run_eval_report(EvalReportSettings(str(tmp_path)))
+
+
+# -- lm-eval -------------------------------------------------------------------------------------------------------
+MC_TASK = """task: mc_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{q}}}} Answer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+def test_run_lm_eval_opens_the_resolved_model_source_as_given(eval_models, tmp_path, capsys, monkeypatch,  # noqa: F811
+                                                              one_thread):
+    import json
+
+    pytest.importorskip("lm_eval")
+    import dsl_llada.eval.lmeval as adapter
+    from dsl_llada.eval.lmeval_command import LmEvalSettings, run_lm_eval
+    from dsl_llada.loading import resolve_source
+    from dsl_llada.model_source import ModelSource
+
+    opened = []
+    real_open = adapter.open_model
+    monkeypatch.setattr(adapter, "open_model", lambda source, **kw: opened.append(source) or real_open(source, **kw))
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps({"q": f"How many apples are {i} plus {i}?", "choices": [str(2 * i), str(i)],
+                                        "label": 0}) + "\n" for i in range(1, 4)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mc_local.yaml").write_text(MC_TASK.format(data=data))
+    source = ModelSource(path=str(eval_models["dsl"]), device="cpu", dtype="float32", threads=1)
+    out = tmp_path / "results.json"
+    settings = LmEvalSettings(source, ("mc_local",), include_path=str(tasks), limit=2, mc_samples=2,
+                              output=str(out))
+    assert run_lm_eval(settings) == 0
+    # every field of the source reaches the model as it was resolved (threads included), not rebuilt from strings
+    assert opened == [resolve_source(source)] and opened[0].threads == 1 and opened[0].dtype == "float32"
+    results = json.loads(out.read_text())
+    assert 0.0 <= results["results"]["mc_local"]["acc,none"] <= 1.0
+    assert results["n-samples"]["mc_local"]["effective"] == 2
+    assert "mc_local" in capsys.readouterr().out  # lm-eval's table
+
+
+def test_lm_eval_settings_refuse_bad_values_before_anything_loads(eval_models, tmp_path):  # noqa: F811
+    from dsl_llada.eval.lmeval_command import LmEvalSettings
+    from dsl_llada.model_source import ModelSource
+
+    source = ModelSource(path=str(eval_models["dsl"]))
+    with pytest.raises(ValueError, match=r"tasks=\(\) must be a non-empty list of lm-eval task names"):
+        LmEvalSettings(source, ())
+    with pytest.raises(ValueError, match=r"sampler='bogus' is not valid; expected one of \['sde'"):
+        LmEvalSettings(source, ("t",), sampler="bogus")
+    with pytest.raises(ValueError, match=r"--limit 0 must be a positive number"):
+        LmEvalSettings(source, ("t",), limit=0)
+    with pytest.raises(ValueError, match="source='m' must be a ModelSource"):
+        LmEvalSettings("m", ("t",))  # type: ignore[arg-type]
+
+
+def test_the_lm_eval_adapter_takes_a_source_or_loose_settings_not_both(eval_models):  # noqa: F811
+    pytest.importorskip("lm_eval")
+    from dsl_llada.eval.lmeval import DSLLadaLM
+    from dsl_llada.model_source import ModelSource
+
+    source = ModelSource(path=str(eval_models["dsl"]), device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match=r"not both \(also given: device, model_dir\)"):
+        DSLLadaLM(str(eval_models["dsl"]), device="cpu", source=source)
+    with pytest.raises(ValueError, match="model_args needs model_dir=FOLDER"):
+        DSLLadaLM()
+    lm = DSLLadaLM(source=source, sampler="remask", steps=4, gen_length=8)
+    assert next(lm.model.parameters()).dtype == torch.float32 and lm.config.steps == 4
+
+
 # -- train ---------------------------------------------------------------------------------------------------------
 def test_run_train_trains_and_prints_the_summary(tmp_path, capsys, monkeypatch):
     import json

@@ -76,6 +76,30 @@ def test_a_failed_write_leaves_none_of_its_batch(tmp_path, monkeypatch):
     assert [r["key"] for r in jl.read(p)[0]] == ["a", "d"]
 
 
+def test_an_interruption_keeps_a_written_batch_and_cuts_a_partial_one(tmp_path, monkeypatch):
+    p = tmp_path / "r.jsonl"
+    w = jl.JsonlAppender(p)
+    w.append([{"key": "a"}])
+
+    def stop(*_):  # Ctrl-C (or SIGTERM's exception) arriving once the batch is in the file, before its fsync returns
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jl.os, "fsync", stop)
+    with pytest.raises(KeyboardInterrupt):
+        w.append([{"key": "b"}])
+    assert w.end == p.stat().st_size  # the whole batch stays and is counted
+
+    def half(fd, data):  # the same interruption inside the write: half a line would be left
+        os.write(fd, data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jl, "_write_all", half)
+    with pytest.raises(KeyboardInterrupt):
+        w.append([{"key": "c"}, {"key": "d"}])
+    w.close()
+    assert p.read_bytes() == b'{"key": "a"}\n{"key": "b"}\n'
+
+
 @pytest.mark.parametrize("policy, expected", [(True, 2), (False, 0)])
 def test_fsync_policy(tmp_path, monkeypatch, policy, expected):
     calls = []

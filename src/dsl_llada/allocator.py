@@ -29,11 +29,39 @@ USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 applied: dict[str, int] = {}
 """What `keep_large_buffers` set in this process (empty when nothing was: not glibc, or the user's settings)."""
 
+in_effect: dict[str, int | str | None] = {}
+"""The thresholds this process runs with when the user set them through glibc's environment variables (the
+number glibc reads; the text as given when it is not a number, None for the one left at glibc's default), with
+`set_by` naming the variables; empty otherwise."""
+
+
+def glibc_number(text: str) -> int | None:
+    """The number glibc reads from a malloc environment setting: decimal, 0x hexadecimal or 0-prefixed octal
+    (as C's strtoul with base 0), blanks around allowed; None when the text is not such a number."""
+    t = text.strip()
+    try:
+        if t[:2].lower() == "0x":
+            return int(t[2:], 16) if t[2:].isalnum() else None
+        if len(t) > 1 and t.startswith("0"):
+            return int(t[1:], 8)
+        return int(t) if t.isdigit() else None
+    except ValueError:
+        return None
+
 
 def keep_large_buffers(environ: Mapping[str, str]) -> dict[str, int]:
     """Raise glibc's mmap and trim thresholds to `THRESHOLD` unless the user set either through glibc's own
-    environment variables or the C library is not glibc. Returns (and records in `applied`) what was set."""
-    if any(name in environ for name in USER_VARIABLES) or platform.libc_ver()[0] != "glibc":
+    environment variables (then `in_effect` records theirs) or the C library is not glibc. Returns (and records in
+    `applied`) what was set."""
+    if platform.libc_ver()[0] != "glibc":
+        return {}
+    given = [name for name in USER_VARIABLES if name in environ]
+    if given:
+        in_effect.clear()
+        for key, variable in (("mmap_threshold", "MALLOC_MMAP_THRESHOLD_"), ("trim_threshold", "MALLOC_TRIM_THRESHOLD_")):
+            text = environ.get(variable)
+            in_effect[key] = None if text is None else glibc_number(text) if glibc_number(text) is not None else text
+        in_effect["set_by"] = ", ".join(given)
         return {}
     name = ctypes.util.find_library("c")
     if name is None:

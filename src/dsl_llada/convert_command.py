@@ -70,8 +70,9 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
     from .utils import remove_stale_temp_folders
 
     with output_lock(output, what="output folder"):  # one writer per output, before anything is written
-        prepare_output_dir(output, overwrite=settings.overwrite, sources=[backbone], kind="checkpoint")
-        removed, kept = remove_stale_temp_folders(output)
+        # a symbolic link to a folder is judged and written as the folder it names (the link itself is kept)
+        folder = prepare_output_dir(output, overwrite=settings.overwrite, sources=[backbone], kind="checkpoint")
+        removed, kept = remove_stale_temp_folders(folder)
         for p in removed:
             print(f"note: removed {str(p)!r}, a temp folder left by an interrupted convert", file=sys.stderr)
         for p in kept:
@@ -85,7 +86,7 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
         loaded = open_model(source, chat_template=False, backbone_only=True, tokenizer_optional=True).model
         assert isinstance(loaded, Backbone)
         model = DSLModel.convert(loaded, settings.config)
-        model.save_pretrained(output, tokenizer_from=backbone)  # every tokenizer file, the chat template included
+        model.save_pretrained(folder, tokenizer_from=backbone)  # every tokenizer file, the chat template included
 
 
 def print_memory_estimate(backbone: str, noise_dim: int, dtype: str) -> int:

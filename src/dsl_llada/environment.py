@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import __version__, allocator
+from . import __version__, allocator, openmp
 
 __all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
            "finish_record", "git_state",
@@ -184,8 +184,9 @@ def environment_record(*, device: str | torch.device | None = None, dtype: torch
         "usable_cpus": usable_cpus(),
         "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kmp_blocktime": os.environ.get("KMP_BLOCKTIME")},
-        "malloc": dict(allocator.applied) or None,
+                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "kmp_blocktime": os.environ.get("KMP_BLOCKTIME"),
+                    "openmp_ignored": dict(openmp.ignored) or None},
+        "malloc": dict(allocator.applied) or dict(allocator.in_effect) or None,
         "deterministic": {"algorithms": torch.are_deterministic_algorithms_enabled(),
                           "cudnn": bool(torch.backends.cudnn.deterministic)},
         "seeds": seeds,

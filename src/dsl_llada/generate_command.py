@@ -25,6 +25,7 @@ from .loading import ModelHandle, check_prompt_chars, check_prompt_lengths, chec
 from .model_source import ModelSource
 from .records import RecordFile
 from .sampling.dispatch import SamplerConfig
+from .utils import Terminated, terminate_raises
 
 __all__ = ["GenerateSettings", "print_record", "run_generate"]
 
@@ -99,7 +100,7 @@ def _record_settings(s: GenerateSettings, source: ModelSource, prompts: list[str
 
 def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]], None] | None = print_record) -> int:
     """Run one generate job; returns the command's exit code (0; 1 when more prompts failed than
-    `max_error_rate` allows; 130 when interrupted). Bad settings raise ValueError before anything is written.
+    `max_error_rate` allows; 130 when interrupted by Ctrl-C, 143 by SIGTERM). Bad settings raise ValueError before anything is written.
     `echo` sees every record as its batch finishes (default: printed as a JSON line)."""
     prompts = _prompts(settings)
     source = resolve_source(settings.source)
@@ -114,8 +115,18 @@ def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]],
                               environment=environment_record(device=source.device, dtype=source.dtype,
                                                              seeds={"seed": settings.seed, "prompt_i": "seed + i"}))
     try:
-        handle = open_model(source, chat_template=settings.chat_template)
-        return _run(settings, handle, prompts, out, echo)
+        with terminate_raises():  # SIGTERM stops the run like Ctrl-C: every finished batch stays, the lock goes
+            handle = open_model(source, chat_template=settings.chat_template)
+            return _run(settings, handle, prompts, out, echo)
+    except Terminated:
+        if out is not None:
+            out.close()
+            print(f"stopped by SIGTERM: {len(out.finished)} of {len(prompts)} records kept in {settings.output} "
+                  f"(every finished batch); rerun the same command to resume", file=sys.stderr)
+        else:
+            print("stopped by SIGTERM: without --output nothing was saved (the records printed above are all there "
+                  "is)", file=sys.stderr)
+        return 143
     finally:
         if out is not None:
             out.close()

@@ -143,20 +143,30 @@ class JsonlAppender:
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Append the records as whole lines with one write (flushed, and fsynced per the policy); returns the
         bytes written. On failure the file is cut back to where this batch began and the error re-raised as an
-        OSError naming the file."""
+        OSError naming the file. An interruption (Ctrl-C, SIGTERM) keeps a batch whose write finished (`end` counts
+        it) and cuts back one that did not."""
         data = encode_lines(records, sort_keys=self.sort_keys)
         if not data:
             return 0
         if self._fd is None:
             raise ValueError(f"{self.path}: append after close")
+        written = False
         try:
             _write_all(self._fd, data)
+            written = True
             if self.fsync:
                 os.fsync(self._fd)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self.end)
             raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
+        except BaseException:  # Ctrl-C or SIGTERM: a whole batch stays (the kernel has it), a partial one goes
+            if written:
+                self.end += len(data)
+            else:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self.end)
+            raise
         self.end += len(data)
         return len(data)
 

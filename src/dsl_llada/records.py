@@ -212,10 +212,14 @@ class RecordFile:
             return
         if self._log is None:
             raise ValueError(f"{self.path}: append() before begin() (the record file is not open)")
-        self._log.append(records)
-        for r in records:
-            self.done[r["index"]] = r
-        self.written += len(records)
+        before = self._log.end
+        try:
+            self._log.append(records)
+        finally:  # also when Ctrl-C or SIGTERM arrives during the fsync: a batch in the file is counted as done
+            if self._log.end > before:
+                for r in records:
+                    self.done[r["index"]] = r
+                self.written += len(records)
 
     def close(self) -> None:
         """Release the lock; a file `open` created that never began (a refused or failed setup) is removed."""

@@ -70,9 +70,33 @@ def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Pa
     if not allow_download:
         raise CheckpointError(f"checkpoint folder {name_or_path!r} does not exist (to fetch a Hugging Face hub id instead, "
                               f"pass --allow-download)")
-    from huggingface_hub import snapshot_download
+    return _download(name_or_path)
 
-    return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+
+def _download(repo_id: str) -> Path:
+    """The local snapshot of a hub model (fetched, or from the hub cache); every way it can fail is one
+    CheckpointError naming `repo_id`."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except HFValidationError as e:
+        raise CheckpointError(f"{repo_id!r} is neither a local folder nor a Hugging Face hub id ({e})") from None
+    except LocalEntryNotFoundError as e:  # no way to the hub, and nothing cached
+        if constants.HF_HUB_OFFLINE:
+            why = "downloads are turned off on this machine (HF_HUB_OFFLINE is set)"
+        else:
+            first = str(e).splitlines()[0].removeprefix("Got: ") if str(e) else type(e).__name__
+            why = f"the hub cannot be reached from this machine ({first})"
+        raise CheckpointError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {why} and it is not in the local "
+                              f"hub cache; download it where the hub can be reached and pass its folder instead") from None
+    except RepositoryNotFoundError:  # also gated and private models this machine may not read
+        raise CheckpointError(f"{repo_id!r} is not a model this machine may read on the Hugging Face hub (no such "
+                              f"model, or a private or gated one: log in first); check the id") from None
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {type(e).__name__}: {first}") from None
 
 
 __all__ = ["Backbone", "CheckpointError", "LLaDABackbone", "LLaDAConfig", "SpecialTokens", "load_backbone", "save_backbone",

@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .eval_config import SCORING_MODES
+
 EPILOG = """\
 overrides are dotted EvalConfig keys; list elements by name or index, e.g.
   batch_size=4 nfe=[8,16] seeds=[42,123] scoring_mode=authors device=cpu
@@ -49,7 +51,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_eval_run)
     s = sub.add_parser("report", help="summary.json, summary.md and figures of a run folder")
     s.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `dsl-llada eval run`")
-    s.add_argument("--mode", choices=["default", "authors"], default=None,
+    s.add_argument("--mode", choices=list(SCORING_MODES), default=None,
                    help="scoring mode of the summary (default: the run's scoring_mode)")
     s.set_defaults(func=cmd_eval_report)
     from .judge_cli import add_judge_parser
@@ -73,9 +75,7 @@ def cmd_eval_run(a: argparse.Namespace) -> int:
 
 
 def cmd_eval_report(a: argparse.Namespace) -> int:
-    from .summary import write_report
+    """Parse the flags into EvalReportSettings and run the library's `run_eval_report`."""
+    from .eval_command import EvalReportSettings, run_eval_report
 
-    s = write_report(a.run_dir, mode=a.mode)
-    print(json.dumps({"summary": str(Path(a.run_dir) / "summary.md"), "records": s["n_records"], "errors": s["n_errors"],
-                      "figures": [f for t in s["tasks"].values() for f in t.get("figures", [])]}))
-    return 0
+    return run_eval_report(EvalReportSettings(a.run_dir, mode=a.mode))

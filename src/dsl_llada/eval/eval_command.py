@@ -1,12 +1,15 @@
-"""`dsl-llada eval run` as a library call: `run_eval_command(EvalRunSettings(...))` runs (or resumes) an evaluation
-into a run folder, prints the command's one-line JSON summary and returns its exit code:
+"""`dsl-llada eval run` and `eval report` as library calls: `run_eval_command(EvalRunSettings(...))` runs (or
+resumes) an evaluation into a run folder, `run_eval_report(EvalReportSettings(...))` writes a run folder's summary
+and figures; each prints the command's one-line JSON summary and returns its exit code:
 
-    from dsl_llada.eval.eval_command import EvalRunSettings, run_eval_command
+    from dsl_llada.eval.eval_command import EvalReportSettings, EvalRunSettings, run_eval_command, run_eval_report
     from dsl_llada.eval.eval_config import load_eval_config
     run_eval_command(EvalRunSettings(load_eval_config("configs/eval/toy-generation.yaml"), out="runs/toy"))
+    run_eval_report(EvalReportSettings("runs/toy", mode="authors"))
 
 The command line only parses its flags (and the config file with its overrides) into these settings
-(`eval_cli.cmd_eval_run`); `runner.run_eval` is the evaluation itself.
+(`eval_cli.cmd_eval_run`, `eval_cli.cmd_eval_report`); `runner.run_eval` is the evaluation itself and
+`summary.write_report` the report.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .eval_config import EvalConfig
+from .eval_config import SCORING_MODES, EvalConfig
 
-__all__ = ["EvalRunSettings", "run_eval_command"]
+__all__ = ["EvalReportSettings", "EvalRunSettings", "run_eval_command", "run_eval_report"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,30 @@ def run_eval_command(settings: EvalRunSettings) -> int:
                   f"--max-error-rate {100 * s.max_error_rate:g} %); most common ({st['most_common_count']}x): "
                   f"{st['most_common']}", file=sys.stderr)
     return 1
+
+
+@dataclass(frozen=True)
+class EvalReportSettings:
+    """One `eval report`: the run folder and the scoring mode of its summary."""
+
+    run_dir: str
+    """A folder written by `eval run`."""
+    mode: str | None = None
+    """Scoring mode of the summary: 'default' or 'authors' (None: the run's scoring_mode)."""
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in SCORING_MODES:
+            raise ValueError(f"--mode {self.mode!r} is not valid; expected one of {list(SCORING_MODES)}")
+
+
+def run_eval_report(settings: EvalReportSettings) -> int:
+    """Write summary.json, summary.md and the figures of a run folder (from its records, nothing re-run) and print
+    a one-line JSON summary: the summary's path, the record and error counts and the figures. Returns 0."""
+    from pathlib import Path
+
+    from .summary import write_report
+
+    s = write_report(settings.run_dir, mode=settings.mode)
+    print(json.dumps({"summary": str(Path(settings.run_dir) / "summary.md"), "records": s["n_records"],
+                      "errors": s["n_errors"], "figures": [f for t in s["tasks"].values() for f in t.get("figures", [])]}))
+    return 0

@@ -48,18 +48,31 @@ def _flag(name: str, value: bool | str) -> bool:
 
 @register_model("dsl-llada")
 class DSLLadaLM(LM):
-    """A DSL checkpoint or a masked-diffusion backbone folder as an lm-eval model."""
+    """A DSL checkpoint or a masked-diffusion backbone folder as an lm-eval model.
 
-    def __init__(self, model_dir: str, tokenizer: str | None = None, sampler: str = "sde", batch_size: int | str = 8,
-                 mc_samples: int = 128, mc_batch_size: int = 32, seed: int = 42, device: str = "cpu",
-                 dtype: str | None = None, chat_template: bool | str = True, max_length: int | None = None,
-                 rolling_context: int | None = None, quantize: str = "none", assume_released: bool | str = False,
+    The model is either `model_dir` with the loose model_args settings `tokenizer`, `device` (default cpu), `dtype`,
+    `quantize` and `assume_released` (lm-eval's `--model_args`), or a whole `source` (a `ModelSource`, as
+    `lmeval_command.run_lm_eval` passes it), not both."""
+
+    def __init__(self, model_dir: str | None = None, tokenizer: str | None = None, sampler: str = "sde",
+                 batch_size: int | str = 8, mc_samples: int = 128, mc_batch_size: int = 32, seed: int = 42,
+                 device: str | None = None, dtype: str | None = None, chat_template: bool | str = True,
+                 max_length: int | None = None, rolling_context: int | None = None, quantize: str | None = None,
+                 assume_released: bool | str | None = None, *, source: ModelSource | None = None,
                  **sampler_fields: Any):
         super().__init__()
         self.config = sampler_settings(sampler, **sampler_fields)
-        source = ModelSource.from_dict({"path": model_dir, "tokenizer": tokenizer, "device": device,
-                                        "dtype": dtype or "auto", "quantize": quantize,
-                                        "assume_released": _flag("assume_released", assume_released)})
+        loose = {"model_dir": model_dir, "tokenizer": tokenizer, "device": device, "dtype": dtype,
+                 "quantize": quantize, "assume_released": assume_released}
+        if source is None:
+            if model_dir is None:
+                raise ValueError("model_args needs model_dir=FOLDER")
+            source = ModelSource.from_dict({"path": model_dir, "tokenizer": tokenizer, "device": device or "cpu",
+                                            "dtype": dtype or "auto", "quantize": quantize or "none",
+                                            "assume_released": _flag("assume_released", assume_released or False)})
+        elif given := sorted(k for k, v in loose.items() if v is not None):
+            raise ValueError(f"give the model either as source=ModelSource(...) or as model_dir and its settings, "
+                             f"not both (also given: {', '.join(given)})")
         handle = open_model(source)
         self.model, self.tok = handle.model, handle.tokenizer
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8

@@ -1,10 +1,9 @@
-"""`dsl-llada lm-eval --model-dir DIR --tasks …`: run lm-evaluation-harness tasks on a DSL or MDM checkpoint."""
+"""`dsl-llada lm-eval --model-dir DIR --tasks …`: run lm-evaluation-harness tasks on a DSL or MDM checkpoint.
+Argument parsing only: the run is the library's `lmeval_command.run_lm_eval`."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 
 def add_lmeval_parser(sub) -> argparse.ArgumentParser:
@@ -34,48 +33,21 @@ def add_lmeval_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_lmeval(a: argparse.Namespace) -> int:
-    try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-        from lm_eval.utils import make_table
-    except ImportError:
-        raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..loading import resolve_source
+    """Parse the flags into LmEvalSettings and run the library's `run_lm_eval`."""
     from ..model_source import model_source_from_args
-    from ..utils import atomic_write_text
-    from .lmeval import DSLLadaLM
+    from .lmeval_command import LmEvalSettings, run_lm_eval
 
-    src = resolve_source(model_source_from_args(a))
-    if a.include_path and not Path(a.include_path).is_dir():
-        raise ValueError(f"--include-path {a.include_path!r} is not a folder")
     fields = {}
     for item in a.sampler_arg:
         if "=" not in item:
             raise ValueError(f"--sampler-arg {item!r} is not KEY=VALUE")
         k, v = item.split("=", 1)
         fields[k.strip()] = v.strip()
-    lm = DSLLadaLM(str(src.path), tokenizer=src.tokenizer, device=str(src.device), dtype=src.dtype,
-                   quantize=src.quantize, assume_released=src.assume_released, sampler=a.sampler,
-                   batch_size=a.batch_size, mc_samples=a.mc_samples, mc_batch_size=a.mc_batch_size, seed=a.seed,
-                   chat_template=not a.no_chat_template, **fields)
-    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    tm = None
-    if a.include_path:  # indexing lm-eval's thousands of built-in task files is slow: skip it when not needed
-        tm = TaskManager(include_path=a.include_path, include_defaults=False)
-        if any(t not in tm.all_tasks for t in tasks):
-            tm = None
-    tm = tm or TaskManager(include_path=a.include_path)
-    unknown = [t for t in tasks if t not in tm.all_tasks]
-    if unknown:
-        raise ValueError(f"unknown lm-eval task(s) {unknown}; give local YAML tasks with --include-path")
-    limit = int(a.limit) if a.limit is not None and a.limit >= 1 else a.limit
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit,
-                                      num_fewshot=a.num_fewshot, random_seed=a.seed, numpy_random_seed=a.seed,
-                                      torch_random_seed=a.seed, fewshot_random_seed=a.seed)
-    if results is None:  # non-zero ranks under accelerate
-        return 0
-    print(make_table(results))
-    if a.output:
-        atomic_write_text(a.output, json.dumps({k: results[k] for k in ("results", "configs", "versions", "n-samples")
-                                                if k in results}, indent=2, default=str))
-    return 0
+    tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+    if not tasks:
+        raise ValueError(f"--tasks {a.tasks!r} names no task; give comma-separated lm-eval task names")
+    return run_lm_eval(LmEvalSettings(
+        source=model_source_from_args(a), tasks=tasks, include_path=a.include_path, limit=a.limit,
+        num_fewshot=a.num_fewshot, sampler=a.sampler, sampler_fields=fields, batch_size=a.batch_size,
+        mc_samples=a.mc_samples, mc_batch_size=a.mc_batch_size, seed=a.seed, chat_template=not a.no_chat_template,
+        output=a.output))

@@ -40,7 +40,8 @@ def load_tokenizer_for(spec: ModelSpec):
     """The tokenizer of a model spec (its own folder unless `tokenizer` is set)."""
     path = spec.tokenizer or spec.path
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"model {spec.name!r}: tokenizer folder {path!r} does not exist")
+        what = "tokenizer folder" if spec.tokenizer else "model folder"
+        raise FileNotFoundError(f"model {spec.name!r}: {what} {path!r} does not exist")
     if spec.kind == "causal-lm" and spec.gguf_file and spec.tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -56,7 +57,7 @@ def load_tokenizer_for(spec: ModelSpec):
 def load(spec: ModelSpec, device: str) -> Loaded:
     """Load a model spec on `device` (fp32 on CPU, bf16 on CUDA unless the spec says otherwise)."""
     if not Path(spec.path).is_dir():
-        raise FileNotFoundError(f"model {spec.name!r}: folder {spec.path!r} does not exist")
+        raise FileNotFoundError(f"model {spec.name!r}: model folder {spec.path!r} does not exist")
     if spec.kind == "causal-lm":
         dtype = resolve_dtype(spec, device)
         tok = load_tokenizer_for(spec)

@@ -121,7 +121,7 @@ def check_models(cfg, tokenizers: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if spec.name not in used:
             continue
         if not Path(spec.path).is_dir():
-            raise ConfigError(f"model {spec.name!r}: folder {spec.path!r} does not exist")
+            raise ConfigError(f"model {spec.name!r}: model folder {spec.path!r} does not exist")
         if spec.kind == "causal-lm":
             continue
         if not (Path(spec.path) / "config.json").is_file():

@@ -24,8 +24,19 @@ def load_run(run_dir: str | Path) -> tuple[EvalConfig, dict[str, Any], list[dict
     marker = run_dir / R.MARKER
     if not marker.exists():
         raise FileNotFoundError(f"{marker} does not exist: {str(run_dir)!r} is not a `dsl-llada eval run` folder")
-    meta = json.loads(marker.read_text())
-    return EvalConfig.from_dict(meta["config"]), meta, R.read_records(run_dir)
+    advice = ("restore it from a copy, or run the evaluation again into this folder with `eval run --new-run` (the "
+              "old records are moved aside)")
+    try:
+        meta = json.loads(marker.read_bytes())
+    except ValueError as e:  # JSON syntax, or bytes that are not text
+        raise ValueError(f"{str(marker)!r} is damaged: not valid JSON ({e}); {advice}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise ValueError(f"{str(marker)!r} is damaged: it holds no 'config' object; {advice}")
+    try:
+        cfg = EvalConfig.from_dict(meta["config"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{str(marker)!r} is damaged: its config is not valid ({e}); {advice}") from None
+    return cfg, meta, R.read_records(run_dir)
 
 
 def error_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

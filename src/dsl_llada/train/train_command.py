@@ -42,11 +42,13 @@ def os_rank() -> int:
 
 def run_train(settings: TrainSettings) -> int:
     """Train, print a one-line JSON summary (main process). Returns the exit code: 0 done, 3 diverged (the last
-    good checkpoint is kept); a bad config, data or an output_dir in use raises before training."""
+    good checkpoint is kept), 143 stopped by SIGTERM (the last complete checkpoint is kept, the lock released); a bad
+    config, data or an output_dir in use raises before training."""
     import contextlib
 
     from ..locks import output_lock
     from ..outputs import prepare_output_dir
+    from ..utils import Terminated, terminate_raises
     from .trainer import TrainingDiverged, train
 
     config = settings.config
@@ -55,10 +57,14 @@ def run_train(settings: TrainSettings) -> int:
     with lock:
         prepare_output_dir(config.output_dir, kind="training run", reuse=True, what="output_dir")
         try:
-            result = train(config, overwrite=settings.overwrite)
+            with terminate_raises():  # SIGTERM stops the run like Ctrl-C; a checkpoint being saved is removed
+                result = train(config, overwrite=settings.overwrite)
         except TrainingDiverged as e:
             print(f"error: {e}", file=sys.stderr)
             return 3
+        except Terminated:
+            print(stopped_by_sigterm(config.output_dir), file=sys.stderr)
+            return 143
 
     if os.environ.get("RANK", "0") == "0":
         last = result.losses[result.final_step] if result.final_step in result.losses else None
@@ -67,3 +73,16 @@ def run_train(settings: TrainSettings) -> int:
                           "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
                           "final_model": str(result.final_model) if result.final_model else None}))
     return 0
+
+
+def stopped_by_sigterm(output_dir: str) -> str:
+    """The line `train` ends with when SIGTERM stops it: the checkpoint a rerun resumes from, if any."""
+    from .checkpointing import list_checkpoints
+
+    kept = list_checkpoints(output_dir)
+    if not kept:
+        return (f"stopped by SIGTERM before the first checkpoint: nothing in {output_dir} to resume from; rerun the "
+                f"same command to start again")
+    step, folder = kept[-1]
+    return (f"stopped by SIGTERM: {len(kept)} checkpoint(s) kept in {output_dir}, the last {folder.name} (step {step}); "
+            f"rerun the same command to resume from it")
