@@ -8,7 +8,7 @@ ways:
 - on the output file itself: `records.RecordFile.open` (``generate --output``) locks the file before it reads or
   writes anything, so a refused run changes nothing;
 - on a lock file beside an output (`output_lock`, for output folders: ``train``'s ``output_dir``, ``convert``'s
-  output):
+  output, ``demo``'s ``--out``):
 ``with output_lock(path, what="output_dir"):`` takes an advisory ``flock`` on the lock file ``.NAME.lock`` next to
 `path` (beside it, not inside, so a folder that is replaced atomically keeps its lock) before the command writes
 anything. A second process on the same output gets an `OutputError` (one ``error:`` line, exit 2) naming the PID of
