@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +150,63 @@ def test_the_oracle_sde_stays_in_the_grammar(quick_report):
     rows = [json.loads(line) for line in (quick_report / "results.jsonl").read_text().splitlines()]
     oracle = [r for r in rows if r["method"] == "Oracle DSL-SDE" and r["task"] == "open"]
     assert oracle and sum(r["in_support"] for r in oracle) / len(oracle) >= 0.9
+
+
+# -- the docs' paths to the demo's outputs exist -----------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs" / "eval").glob("toy*.yaml")])
+DEMO_PATH = re.compile(r"(?<![\w/.-])(dsl-llada-demo|OUT)/([A-Za-z0-9_.<>*/-]*[A-Za-z0-9_>*/])")
+"""A path into the demo's output folder: under its default name or the docs' OUT (docs/benchmarks.md's OUT is a
+benchmark's folder and is not read)."""
+FLAG_ONLY = {"sweep/": "--sweep", "cache_frontier/": "--cache-frontier", "cache/pretrained-mdm-": "--from-scratch",
+             "cache/cpt-mdm-": "--controls", "cache/cpt-xdlm-": "--controls"}
+"""Paths that only a run with a flag writes: the docs must name the flag beside them (same line or the 8 before)."""
+README_ROW = re.compile(r"^\| `dsl-llada demo \[--quick\][^|]*\|(.*)\|\s*$", re.M)
+
+
+def doc_paths() -> list[tuple[str, int, str, str]]:
+    """(file, line, path inside OUT, the text around it) for every demo-output path the docs give."""
+    found = []
+    for f in DOC_FILES:
+        if f.name == "benchmarks.md":
+            continue
+        lines = f.read_text().splitlines()
+        for i, line in enumerate(lines):
+            for m in DEMO_PATH.finditer(line):
+                found.append((f.name, i + 1, m.group(2), "\n".join(lines[max(0, i - 8): i + 1])))
+    return found
+
+
+def test_the_docs_give_paths_into_the_demos_folder():
+    paths = {p for _, _, p, _ in doc_paths()}
+    assert {"cache", "cache/cpt-dsl-<hash>", "config.json"} <= paths  # the parser finds what the docs say today
+
+
+def test_every_path_the_docs_give_for_the_demos_outputs_exists(quick_report):
+    missing = []
+    for name, line, rel, around in doc_paths():
+        if "XXXXXXXX" in rel:  # a temp name pattern: what only an interrupted run leaves
+            continue
+        flag = next((flag for prefix, flag in FLAG_ONLY.items() if rel.startswith(prefix)), None)
+        if flag is not None:
+            if flag not in around:
+                missing.append(f"{name}:{line}: {rel} is written only with {flag}, which the docs do not say there")
+            continue
+        pattern = re.sub(r"<hash>|\b[0-9a-f]{12}\b", "*", rel.rstrip("/"))
+        if not list(quick_report.glob(pattern)):
+            missing.append(f"{name}:{line}: {rel} is not in the demo's output folder")
+    readme = README_ROW.search((ROOT / "README.md").read_text())
+    assert readme is not None, "the README's table row of `dsl-llada demo` was not found"
+    files = re.findall(r"`([\w.-]+\.(?:md|png|json|jsonl))`", readme.group(1).split("writes", 1)[1])
+    assert {"report.md", "results.jsonl", "config.json"} <= set(files)
+    missing += [f"README.md: {f} is not in the demo's output folder" for f in files if not (quick_report / f).is_file()]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_demos_files_name_one_run(quick_report):
+    cfg = json.loads((quick_report / "config.json").read_text())
+    assert cfg["files"] == sorted(["bayes_floor.json", "config.json", "excess_loss.png", "nfe_curve.png", "report.md",
+                                   "results.jsonl"])
+    assert json.loads((quick_report / "bayes_floor.json").read_text())["run_id"] == cfg["run_id"]
+    assert f"Run `{cfg['run_id']}`" in (quick_report / "report.md").read_text()
+    assert not [p.name for p in quick_report.iterdir() if p.name.startswith(".")]  # no stage or temp file left

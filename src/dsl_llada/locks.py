@@ -8,7 +8,7 @@ ways:
 - on the output file itself: `records.RecordFile.open` (``generate --output``) locks the file before it reads or
   writes anything, so a refused run changes nothing;
 - on a lock file beside an output (`output_lock`, for output folders: ``train``'s ``output_dir``, ``convert``'s
-  output):
+  output, ``demo``'s ``--out``):
 ``with output_lock(path, what="output_dir"):`` takes an advisory ``flock`` on the lock file ``.NAME.lock`` next to
 `path` (beside it, not inside, so a folder that is replaced atomically keeps its lock) before the command writes
 anything. A second process on the same output gets an `OutputError` (one ``error:`` line, exit 2) naming the PID of
@@ -25,17 +25,19 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .outputs import OutputError
+from .outputs import OutputError, resolve_output
 
 __all__ = ["flock_or_refuse", "lock_holder", "lock_path", "output_lock"]
 
 
-def lock_path(path: str | Path) -> Path:
+def lock_path(path: str | Path, *, what: str = "output") -> Path:
     """The lock file of output `path`: ``.NAME.lock`` in the same parent folder (of the folder a symbolic link
-    names, so a run through the link and one through the folder take the same lock)."""
+    names, so a run through the link and one through the folder take the same lock). A path through a symbolic link
+    loop raises OutputError (`outputs.resolve_output`)."""
     p = Path(os.path.abspath(path))
+    real = resolve_output(path, what=what)  # refuses a link loop anywhere on the way
     if p.is_symlink():
-        p = p.resolve()
+        p = real
     return p.with_name(f".{p.name}.lock")
 
 
@@ -84,22 +86,27 @@ def _written_holder(lock: Path) -> str:
 @contextlib.contextmanager
 def output_lock(path: str | Path, *, what: str = "output") -> Iterator[Path]:
     """Hold the exclusive lock of `path` for the block (see the module docstring). Raises OutputError when another
-    process holds it. Creates the parent folder of `path` if needed (removed again, when still empty, if the block
+    process holds it, or when the lock file cannot be created (an unwritable place). Creates the parent folder of
+    `path` if needed (removed again, when still empty, if the block
     raises: a refused command leaves nothing behind)."""
     try:
         import fcntl  # noqa: F401  (POSIX only)
     except ImportError:  # pragma: no cover - not POSIX
         yield lock_path(path)
         return
-    lock = lock_path(path)
+    lock = lock_path(path, what=what)
     created = []  # missing ancestors made for the lock file: removed again when the command fails
     p = lock.parent
     while not p.exists():
         created.append(p)
         p = p.parent
-    lock.parent.mkdir(parents=True, exist_ok=True)
     try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = _acquire(lock, path, what)
+    except OSError as e:  # e.g. /proc/x or a read-only mount: the same refusal as `outputs.check_writable`'s
+        _remove_empty(created)
+        raise OutputError(f"{what} {str(path)!r} is not writable ({e.strerror or e} for its lock file {str(lock)!r}); "
+                          f"choose a folder you can write to") from None
     except BaseException:
         _remove_empty(created)
         raise

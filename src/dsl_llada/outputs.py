@@ -17,7 +17,8 @@ The rules (each refusal is an `OutputError`, a ValueError, so the CLI prints one
    with ``reuse=True`` (the command continues or updates it: train resume, the demo's cache) it is accepted;
    otherwise it is accepted only with ``overwrite`` (the writer then replaces it atomically). A folder holding
    anything we did not write (`unknown_entries`) is refused even with ``overwrite``, naming what it holds;
-5. the destination must be writable: a temp file is created and removed in the folder (or its nearest existing
+5. a path that is (or passes through) a symbolic link loop is refused: it can never be a folder;
+6. the destination must be writable: a temp file is created and removed in the folder (or its nearest existing
    ancestor), so `/proc/x` or a read-only mount fails here, not after an hour of work.
 
 Nothing here deletes anything: replacing an accepted folder is the writer's job (`utils.atomic_directory`, which
@@ -31,6 +32,7 @@ only; such a folder is never replaced). Built in: "checkpoint" (a DSL checkpoint
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["ArtifactKind", "OutputError", "check_writable", "is_own_artifact", "prepare_output_dir", "register_kind",
-           "unknown_entries"]
+           "resolve_output", "unknown_entries"]
 
 
 class OutputError(ValueError):
@@ -118,6 +120,21 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+def resolve_output(path: str | Path, *, what: str = "output") -> Path:
+    """The absolute path `path` names with every symbolic link followed (a missing path is fine). Raises
+    OutputError when a link on the way leads back to itself (a link loop, or a chain too long to follow): no folder
+    can ever be created there, and every command says so the same way."""
+    try:
+        return Path(os.path.abspath(path)).resolve()
+    except RuntimeError:  # Python before 3.13: "Symlink loop from ..."
+        pass
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    raise OutputError(f"{what} {str(path)!r} goes through a symbolic link loop (a link that leads back to itself), "
+                      f"so no folder can be made there; remove the link or choose another path")
+
+
 def check_writable(path: str | Path, *, what: str = "output") -> None:
     """Raise OutputError unless a file can be created in `path` (a folder) or, when it does not exist yet, in its
     nearest existing ancestor. Leaves nothing behind."""
@@ -150,7 +167,7 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, sources: It
     k = _kind(kind)
     raw = Path(path)
     out = Path(os.path.abspath(raw))
-    real = out.resolve()
+    real = resolve_output(raw, what=what)
     if out.is_symlink() and real.is_dir():  # a link to a folder is judged (and written) as the folder it names
         out = real
     for s in sources:

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import ConfigError
+from ..outputs import resolve_output
 from ..sampling.batches import retry_rows
 from ..utils import atomic_write_text
 from ..utils import progress as progress_bar
@@ -148,6 +149,7 @@ def check_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, ne
     holding something else, or a run with another config (unless --overwrite / --new-run), or a parent that
     cannot be written."""
     run_dir = Path(run_dir)
+    resolve_output(run_dir, what="--out folder")  # refuses a path through a symbolic link loop
     marker = run_dir / R.MARKER
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"output path {str(run_dir)!r} exists and is not a folder")

@@ -5,7 +5,8 @@ Stages (each cached under OUT/cache and reused when its config is unchanged):
   2. pretrain a tiny LLaDA-architecture masked DLM with the MDM objective (the stand-in for LLaDA-Instruct);
   3. DSL continue-pretraining from it (and, with --controls, MDM-CPT and XDLM with the same steps);
   4. sample held-out prompts with DSL-SDE and the discrete baselines at several NFE, score exactly;
-  5. write report.md, nfe_curve.png, results.jsonl, config.json.
+  5. write report.md, nfe_curve.png, excess_loss.png, bayes_floor.json, results.jsonl, config.json as one set
+     (`run_files`: the report moved in last, so it never sits beside another run's results).
 `--sweep` runs stages 1-3 (cached) and then the paper's SDE sensitivity sweep instead (toy/sweep.py, OUT/sweep/).
 """
 
@@ -45,6 +46,7 @@ from .demo_report import render_report
 from .demo_train import TrainStage, longest_prompt, run_stage, train_conversations
 from .floor_report import floor_rows, held_out, plot_excess
 from .oracle import oracle_models
+from .run_files import COMPARISON_FILES, FRONTIER_FILES, SWEEP_FILES, new_run_id, staged_files
 from .shipped import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -186,6 +188,8 @@ class Demo:
         self.stops: dict[str, dict[str, Any]] = {}
         """Per continue-pretraining stage that ran to a target: its checks of the excess loss and where it ended."""
         self._heldout: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.run_id = new_run_id()
+        """This run's id, in its config.json, bayes_floor.json and report.md (`run_files`)."""
 
     def heldout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The held-out conversations of the Bayes-floor measurements (built once)."""
@@ -386,11 +390,12 @@ class Demo:
         out = self.out / "sweep"
         rows = run_sweep(dsl, self.world, self.tok, evals, out, sweep, gen_length=self.gen_length,
                          progress=self.progress, echo=self.echo)
-        write_sweep(rows, reference_rows(self.world, evals), sweep, out)
-        atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "sweep": sweep.to_dict(),
-                                                           "world": self.world.config.to_dict(),
-                                                           "environment": finish_record(self.environment)},
-                                                          indent=2) + "\n")
+        with staged_files(out, SWEEP_FILES, report="sweep.md") as stage:  # the report last, as one set
+            atomic_write_text(stage / "config.json", json.dumps(
+                {"run_id": self.run_id, "files": sorted(SWEEP_FILES), "demo": self.cfg.to_dict(),
+                 "sweep": sweep.to_dict(), "world": self.world.config.to_dict(),
+                 "environment": finish_record(self.environment)}, indent=2) + "\n")
+            write_sweep(rows, reference_rows(self.world, evals), sweep, stage)
         return rows
 
     def cache_frontier(self, fc: FrontierConfig) -> list[dict[str, Any]]:
@@ -408,24 +413,32 @@ class Demo:
             models |= oracle_models(self.world, self.special, dsl)
         rows = run_frontier(models, self.world, self.tok, evals, out, fc,
                             gen_length=self.gen_length, progress=self.progress, echo=self.echo)
-        write_frontier(rows, fc, reference_rows(self.world, evals), out)
-        atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "frontier": fc.to_dict(),
-                                                           "world": self.world.config.to_dict(),
-                                                           "environment": finish_record(self.environment)},
-                                                          indent=2) + "\n")
+        with staged_files(out, FRONTIER_FILES, report="frontier.md") as stage:  # the report last, as one set
+            atomic_write_text(stage / "config.json", json.dumps(
+                {"run_id": self.run_id, "files": sorted(FRONTIER_FILES), "demo": self.cfg.to_dict(),
+                 "frontier": fc.to_dict(), "world": self.world.config.to_dict(),
+                 "environment": finish_record(self.environment)}, indent=2) + "\n")
+            write_frontier(rows, fc, reference_rows(self.world, evals), stage)
         return rows
 
     def write(self, records, rows, fixclean, models, floors=()) -> None:
-        out = self.out
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        self.environment = finish_record(self.environment)
-        atomic_write_text(out / "config.json", json.dumps({"demo": self.cfg.to_dict(), "world": self.world.config.to_dict(),
-                                                           "timings_s": self.timings, "environment": self.environment},
-                                                          indent=2) + "\n")
-        open_rows = [r for r in rows if r["task"] == "open"]
-        plot_nfe_curves(open_rows, out / "nfe_curve.png", title="Toy world, open-ended generation")
+        """Write the run's files into OUT as one set (`run_files.staged_files`): report.md is moved in last, after
+        the previous run's report is removed, so a kill at any point never leaves a report beside another run's
+        results. config.json lists the files and, with bayes_floor.json and report.md, names the run's id."""
+        names = ["results.jsonl", "config.json", "nfe_curve.png", "report.md"]
         if floors:
-            atomic_write_text(out / "bayes_floor.json", json.dumps({"rows": list(floors), "stops": self.stops}, indent=1))
-            plot_excess(floors, out / "excess_loss.png")
-        atomic_write_text(out / "report.md", render_report(self, records, rows, fixclean, models, floors))
+            names += ["bayes_floor.json", "excess_loss.png"]
+        self.environment = finish_record(self.environment)
+        with staged_files(self.out, COMPARISON_FILES, report="report.md") as stage:
+            atomic_write_text(stage / "results.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            atomic_write_text(stage / "config.json", json.dumps(
+                {"run_id": self.run_id, "files": sorted(names), "demo": self.cfg.to_dict(),
+                 "world": self.world.config.to_dict(), "timings_s": self.timings, "environment": self.environment},
+                indent=2) + "\n")
+            open_rows = [r for r in rows if r["task"] == "open"]
+            plot_nfe_curves(open_rows, stage / "nfe_curve.png", title="Toy world, open-ended generation")
+            if floors:
+                atomic_write_text(stage / "bayes_floor.json", json.dumps(
+                    {"run_id": self.run_id, "rows": list(floors), "stops": self.stops}, indent=1))
+                plot_excess(floors, stage / "excess_loss.png")
+            atomic_write_text(stage / "report.md", render_report(self, records, rows, fixclean, models, floors))

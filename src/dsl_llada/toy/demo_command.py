@@ -9,6 +9,7 @@ The command line only parses its flags into these settings (`cli.cmd_demo`); `to
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from ..eval.report import pivot
 from .cache_frontier import FrontierConfig
 from .demo import Demo, DemoConfig
 from .frontier_report import recommendation_lines
+from .run_files import COMPARISON_FILES, FRONTIER_FILES, SWEEP_FILES, remove_stale_stages
 from .sweep import SweepConfig
 from .verdicts import verdict_lines, verdicts
 
@@ -60,26 +62,47 @@ class DemoSettings:
 
 def run_demo(settings: DemoSettings) -> int:
     """Run the demo (prints its tables and where the report is; the stages log); returns the exit code (0). Bad
-    settings raise ValueError before anything is written."""
+    settings raise ValueError before anything is written.
+
+    One demo per --out folder: the run holds `locks.output_lock` on it from before its first check to its end (a
+    second demo on the folder is refused naming the first's PID). SIGTERM ends the run through the same clean-up
+    as an error (exit code 143), so the lock and any half-written file are removed."""
     from ..loading import auto_dtype
+    from ..locks import output_lock
     from ..outputs import prepare_output_dir
+    from ..utils import terminate_raises
 
     s = settings
     dtype = str(auto_dtype("cpu")).removeprefix("torch.") if s.dtype == "auto" else s.dtype
     cfg = DemoConfig.preset(quick=s.quick, controls=s.controls, seed=s.seed, sample_seeds=s.seeds, dtype=dtype,
                             from_scratch=s.from_scratch)
-    prepare_output_dir(s.out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
     sweep = SweepConfig.preset(quick=s.quick, n_open=s.sweep_prompts, seed=s.seed) if s.sweep else None
-    demo = Demo(cfg, Path(s.out), progress=s.progress)
-    if s.cache_frontier:
-        return _frontier(demo, FrontierConfig.preset(quick=s.quick, seed=s.seed), Path(s.out))
-    if sweep is not None:
-        t0 = time.perf_counter()
-        demo.sweep(sweep)
-        print(f"sweep table: {Path(s.out) / 'sweep' / 'sweep.md'}  (plot: sweep.png, rows with configs: "
-              f"sweep.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
-        return 0
-    return _comparison(demo, Path(s.out))
+    out = Path(s.out)
+    with terminate_raises(), output_lock(out, what="--out folder"):
+        prepare_output_dir(out, kind="demo", reuse=True, what="--out folder")  # before minutes of training
+        for folder, names in ((out, COMPARISON_FILES), (out / "sweep", SWEEP_FILES),
+                              (out / "cache_frontier", FRONTIER_FILES)):
+            _remove_stale_stages(folder, names)
+        demo = Demo(cfg, out, progress=s.progress)
+        if s.cache_frontier:
+            return _frontier(demo, FrontierConfig.preset(quick=s.quick, seed=s.seed), out)
+        if sweep is not None:
+            t0 = time.perf_counter()
+            demo.sweep(sweep)
+            print(f"sweep table: {out / 'sweep' / 'sweep.md'}  (plot: sweep.png, rows with configs: "
+                  f"sweep.jsonl, outputs: samples.jsonl); {time.perf_counter() - t0:.0f} s")
+            return 0
+        return _comparison(demo, out)
+
+
+def _remove_stale_stages(folder: Path, names: tuple[str, ...]) -> None:
+    """Remove the file stages a killed demo left in `folder` (we hold the lock: no live demo owns them)."""
+    removed, kept = remove_stale_stages(folder, names)
+    for p in removed:
+        print(f"note: removed {str(p)!r}, the unfinished files of an interrupted demo", file=sys.stderr)
+    for p in kept:
+        print(f"warning: {str(p)!r} looks like the unfinished files of an interrupted demo but holds other files; "
+              f"left alone — remove it yourself", file=sys.stderr)
 
 
 def _frontier(demo: Demo, fc: FrontierConfig, out: Path) -> int:

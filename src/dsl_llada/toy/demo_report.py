@@ -81,7 +81,9 @@ def render_report(demo: Demo, records, rows, fixclean, models, floors: Any = ())
     parts += ["", "![NFE curves](nfe_curve.png)", ""]
     if floors:
         parts += floor_section(demo, floors)
-    parts += ["---", "", environment_footer(demo.environment), ""]
+    parts += ["---", "", f"Run `{demo.run_id}`: config.json and bayes_floor.json beside this report name the same run "
+              f"(the demo writes its files as one set, this report last).", "",
+              environment_footer(demo.environment), ""]
     return "\n".join(parts)
 
 
