@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--nfe", type=int, default=16, help="NFE of the KL and swap runs (default 16)")
     ap.add_argument("--open", type=int, default=None, help="open-ended prompts (default: the demo's)")
+    ap.add_argument("--swap-open", type=int, default=None, help="open-ended prompts of the swap runs (default --open)")
+    ap.add_argument("--swap-ks", default=None, help="Heun steps k of the swap runs, e.g. 0,1,2,4,8,all (default all)")
     ap.add_argument("--tv-docs", type=int, default=8, help="summarisation documents of the TV table (default 8)")
     ap.add_argument("--tv-n", type=int, default=16, help="samples per document of the TV table (default 16)")
     ap.add_argument("--tv-nfes", default="4,8,16,32,64", help="NFEs of the TV table (default 4,8,16,32,64)")
@@ -158,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"demo_dir": str(args.demo_dir), "nfe": args.nfe,
                               "command": "python scripts/toy_sde_diagnosis.py " + " ".join(sys.argv[1:] if argv is None
                                                                                           else argv)}
+    def save() -> None:  # after every part, so a long run's finished parts are kept
+        (out / "diagnosis.json").write_text(json.dumps({**result, "environment": finish_record(env)},
+                                                       indent=1) + "\n")
+
+    if "identical" in parts:
+        result["identical"] = D.identical_outputs(_records(args.demo_dir))
     if "kl" in parts:
         t = time.perf_counter()
         kl = D.trajectory_kl(dsl, oracle, demo.world, demo.tok, opens, sde, seed=cfg.seed, batch_size=cfg.batch_size)
@@ -168,20 +176,22 @@ def main(argv: list[str] | None = None) -> int:
         kl["prompts"], kl["seconds"] = len(opens), time.perf_counter() - t
         result["kl"] = kl
         print(f"kl: {kl['seconds']:.0f} s", flush=True)
+        save()
     if "swap" in parts:
         t = time.perf_counter()
-        result["swap"] = D.swap_runs(dsl, oracle, demo.world, demo.tok, opens, sde, seed=cfg.seed,
-                                     batch_size=cfg.batch_size)
+        ks = None if args.swap_ks is None else [k if k == "all" else int(k) for k in args.swap_ks.split(",")]
+        result["swap"] = D.swap_runs(dsl, oracle, demo.world, demo.tok, opens[: args.swap_open], sde, seed=cfg.seed,
+                                     batch_size=cfg.batch_size, ks=ks)
         result["swap_seconds"] = time.perf_counter() - t
         print(f"swap: {result['swap_seconds']:.0f} s", flush=True)
+        save()
     if "tv" in parts:
         t = time.perf_counter()
         rows = D.tv_rows(models, demo.world, demo.tok, docs, nfes=_ints(args.tv_nfes), n=args.tv_n, seed=cfg.seed,
                          batch_size=max(1, args.tv_docs * args.tv_n))
         result["tv"] = {"rows": rows, "seconds": time.perf_counter() - t}
         print(f"tv: {result['tv']['seconds']:.0f} s", flush=True)
-    if "identical" in parts:
-        result["identical"] = D.identical_outputs(_records(args.demo_dir))
+        save()
     result["environment"] = finish_record(env)
     (out / "diagnosis.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "diagnosis.md").write_text(markdown(result))

@@ -437,16 +437,20 @@ def final_decodes(world: ToyWorld, tokenizer, examples: Sequence[TaskExample], s
 
 
 def swap_runs(model: DSLModel, oracle: DSLModel, world: ToyWorld, tokenizer, examples: Sequence[TaskExample],
-              config: SDEConfig, *, seed: int = 0, batch_size: int = 48) -> list[dict[str, Any]]:
-    """DSL-SDE with one denoiser for the first k Heun steps and the other after (the decode included), k = 0 .. S,
-    and with the first one throughout (k = 'all'), in both orders; same seeds for every run (row i seeded
-    `seed` * 100003 + i). One row per (order, k, task) with `evaluate.aggregate`'s exact quality."""
+              config: SDEConfig, *, seed: int = 0, batch_size: int = 48,
+              ks: Sequence[int | str] | None = None) -> list[dict[str, Any]]:
+    """DSL-SDE with one denoiser for the first k Heun steps and the other after (the decode included), k = 0 .. S
+    (or the given `ks`), and with the first one throughout (k = 'all'), in both orders; same seeds for every run
+    (row i seeded `seed` * 100003 + i). One row per (order, k, task) with `evaluate.aggregate`'s exact quality."""
     steps = config.steps
+    grid: list[int | str] = list(range(steps + 1)) + ["all"] if ks is None else list(ks)
+    if any(k != "all" and not (isinstance(k, int) and 0 <= k <= steps) for k in grid):
+        raise ValueError(f"ks={list(grid)!r} is not valid: each k must be an integer from 0 to {steps} or 'all'")
     prompts = _prompt_ids(tokenizer, examples)
     cache: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     rows = []
     for order, (a, b) in (("model then oracle", (model, oracle)), ("oracle then model", (oracle, model))):
-        for k in list(range(steps + 1)) + ["all"]:
+        for k in grid:
             n_first = 2 * steps + 1 if k == "all" else 2 * int(k)
             # who answers each evaluation, as 'model' (0) or 'oracle' (1): runs with the same pattern are one run
             flip = 0 if a is model else 1
