@@ -211,3 +211,9 @@ def test_identical_outputs_counts_matching_prompts():
     rows = D.identical_outputs(recs)
     assert [(r["nfe_a"], r["nfe_b"], r["identical"], r["n"]) for r in rows] == [(4, 8, 2, 3), (4, 16, 0, 3),
                                                                                 (8, 16, 0, 3)]
+
+
+def test_swap_runs_refuse_a_k_outside_the_grid(setup):
+    w, tok, model, oracle, exs, prompts = setup
+    with pytest.raises(ValueError, match=r"ks=\[0, 4\] is not valid: each k must be an integer from 0 to 3 or 'all'"):
+        D.swap_runs(model, oracle, w, tok, exs, _config(), ks=[0, 4])
