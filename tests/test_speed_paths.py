@@ -455,3 +455,40 @@ def test_flat_nonzero_equals_nonzero(density):
     assert torch.equal(flat_nonzero(mask), mask.view(-1).nonzero().squeeze(1))
     odd = mask[:, :1021]  # not a whole number of 32-bit words: plain nonzero, same answer
     assert torch.equal(flat_nonzero(odd), odd.reshape(-1).nonzero().squeeze(1))
+
+
+@pytest.mark.parametrize("rows, H, V", [(16, 256, 32768), (33, 64, 50000), (128, 256, 32768), (3, 8, 9000),
+                                        (129, 128, 4099), (256, 1024, 8192)])
+def test_head_linear_equals_f_linear_bit_for_bit(rows, H, V):
+    """The output head in vocabulary chunks gives F.linear's logits bit for bit (shapes below the chunking
+    thresholds take F.linear itself); 3-D inputs keep their leading shape."""
+    import torch.nn.functional as F
+
+    from dsl_llada.backbones.base import HEAD_CHUNK_BYTES, head_linear
+
+    w = torch.randn(V, H, generator=gen(30)) * 0.5
+    x = torch.randn(1, rows, H, generator=gen(31))
+    with torch.no_grad():
+        got = head_linear(x, w)
+    assert got.shape == (1, rows, V) and torch.equal(got, F.linear(x, w))
+    assert torch.equal(head_linear(x[0], w), F.linear(x[0], w))
+    chunked = rows >= 16 and H <= 1024 and V * H * 4 > HEAD_CHUNK_BYTES
+    assert chunked == ((rows, H, V) in [(16, 256, 32768), (33, 64, 50000), (128, 256, 32768), (256, 1024, 8192)])
+
+
+def test_head_linear_keeps_autograd_and_other_dtypes_on_f_linear(monkeypatch):
+    """Under autograd and outside fp32 the head is one F.linear (counted); at inference in fp32 it is chunked."""
+    from dsl_llada.backbones import base
+
+    calls = []
+    real = base.F.linear
+    monkeypatch.setattr(base.F, "linear", lambda *a: calls.append(a[0].dtype) or real(*a))
+    w = torch.randn(32768, 64, generator=gen(32), requires_grad=True)
+    x = torch.randn(20, 64, generator=gen(33))
+    base.head_linear(x, w).sum().backward()  # gradients flow through F.linear
+    assert calls == [torch.float32] and w.grad is not None
+    with torch.no_grad():
+        base.head_linear(x.bfloat16(), w.detach().bfloat16())
+        assert calls == [torch.float32, torch.bfloat16]
+        base.head_linear(x, w.detach())
+    assert len(calls) == 2
