@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (clock, llada_shaped, machine_line, med_spread, random_prompts, write_json, write_section, parse_args,
-                      run_environment)
+from benchlib import (clock, llada_shaped, machine_line, med_spread, random_prompts, use_cpu_clock, write_json,
+                      write_section, parse_args, run_environment)
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.remask import sample_remask, transfer_counts
@@ -127,7 +127,12 @@ def main() -> None:
     ap.add_argument("--samplers", nargs="+", default=["sde", "remask"], choices=["sde", "remask"],
                     help="which samplers to compare (without --recommended)")
     ap.add_argument("--json", default=None, help="write the results and this run's environment record here")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or the process's CPU time (with --threads 1; on a shared machine it leaves out "
+                         "the time spent waiting for a core)")
     a = parse_args(ap)
+    if a.clock == "cpu":
+        use_cpu_clock(torch.get_num_threads())
     if a.recommended:
         a.batches = a.batches or [1, 8]
         recommended(a)
@@ -148,7 +153,8 @@ def main() -> None:
             runs["remask" if b == 1 else f"remask_b{b}"] = (
                 lambda b=b: sample_remask(model, pbs[b], rm_cfg).ids,
                 lambda b=b: authors_remask(model.backbone, pbs[b].ids, rm_cfg), b)
-    result = {"machine": machine_line(), "rounds": a.rounds, "nfe": a.nfe, "prompt": a.prompt, "gen": a.gen}
+    result = {"machine": machine_line(), "rounds": a.rounds, "nfe": a.nfe, "prompt": a.prompt, "gen": a.gen,
+              "clock": a.clock}
     for name, (ours, theirs, b) in runs.items():
         t_ours, t_theirs = [], []
         same = torch.equal(ours(), theirs())  # warm-up + token check (row by row for a batch)

@@ -78,12 +78,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+TIMER: Callable[[], float] = time.perf_counter
+"""What `clock` reads: wall time, or the process's CPU time after `use_cpu_clock()`."""
+
+
+def use_cpu_clock(threads: int) -> None:
+    """Time with the process's CPU time instead of wall time (`--clock cpu`): on a shared machine a 1-thread
+    process's CPU time leaves out the time it waited for a core (not the cache and memory it shares). Only at
+    1 thread: with more, CPU time adds the threads' times up (and their waiting spins)."""
+    global TIMER
+    if threads != 1:
+        raise SystemExit(f"--clock cpu needs --threads 1 (got {threads}): CPU time sums the threads' times")
+    TIMER = time.process_time
+
+
 def clock(fn: Callable[[], object], device: str = "cpu") -> float:
     sync(device)
-    t = time.perf_counter()
+    t = TIMER()
     fn()
     sync(device)
-    return time.perf_counter() - t
+    return TIMER() - t
 
 
 def med_spread(xs: list[float]) -> tuple[float, float, float]:

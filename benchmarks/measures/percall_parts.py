@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from benchlib import (ROOT, blocks_and_head_times, command_line, llada_shaped, matmul_peak_fp32, median_time,
-                      run_environment, sde_call_inputs, sde_call_work, write_json, write_section)
+                      run_environment, sde_call_inputs, sde_call_work, use_cpu_clock, write_json, write_section)
 
 ENTRY = Path(__file__).resolve().parents[1] / "bench_percall.py"
 
@@ -57,8 +57,11 @@ def summary(sides: dict[str, list[dict]]) -> dict:
 
 
 @torch.no_grad()
-def measure(reps: int, tolerance: float) -> dict:
-    """Per-part medians (s) of the code on sys.path, FLOPs, peak, the sparse converter rows and seeded tokens."""
+def measure(reps: int, tolerance: float, cpu_clock: bool = False) -> dict:
+    """Per-part medians (s) of the code on sys.path, FLOPs, peak, the sparse converter rows and seeded tokens;
+    with `cpu_clock`, every time and the peak are the process's CPU time (1 thread: `benchlib.use_cpu_clock`)."""
+    if cpu_clock:
+        use_cpu_clock(torch.get_num_threads())
     from dsl_llada import converter as C
     from dsl_llada.config import RemaskConfig
     from dsl_llada.numerics import Workspace, flush_denormals
@@ -163,8 +166,8 @@ def head_layouts(x: torch.Tensor, w: torch.Tensor, reps: int) -> dict[str, dict]
 
 def run_side(src: Path, a: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, str(ENTRY), "parts", "--measure", "--reps", str(a.reps),
-           "--tolerance", str(a.tolerance)] + ([] if a.threads is None else ["--threads", str(a.threads)])
+    cmd = [sys.executable, str(ENTRY), "parts", "--measure", "--reps", str(a.reps), "--tolerance", str(a.tolerance),
+           "--clock", a.clock] + ([] if a.threads is None else ["--threads", str(a.threads)])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the measurement on {src} failed:\n{done.stderr}")
@@ -177,6 +180,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=3, help="timed calls per part and SNR (median)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="sparse converter tolerance to report")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or the process's CPU time (with --threads 1; on a shared machine it leaves out "
+                         "the time spent waiting for a core)")
     ap.add_argument("--json", default=None, help="write every process's result and this run's environment here")
     ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
 
@@ -184,8 +190,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace) -> None:
     if a.rounds < 1 or a.reps < 1:
         a.parser.error(f"--rounds {a.rounds} and --reps {a.reps} must be at least 1")
+    if a.clock == "cpu" and torch.get_num_threads() != 1:
+        a.parser.error(f"--clock cpu needs --threads 1 (got {torch.get_num_threads()}): CPU time sums the threads' "
+                       "times")
     if a.measure:
-        print(json.dumps(measure(a.reps, a.tolerance)))
+        print(json.dumps(measure(a.reps, a.tolerance, a.clock == "cpu")))
         return
     sides: dict[str, list[dict]] = {"after": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,7 +214,7 @@ def run(a: argparse.Namespace) -> None:
                 print(f"round {r} {side}: call {1e3 * last['times']['call']:.1f} ms, {last['ratio']:.2f}x FLOP time; "
                       f"remasking step {1e3 * last['times']['remask_step']:.1f} ms, {last['remask_ratio']:.2f}x",
                       file=sys.stderr)
-    result = {"sides": sides, "before": a.before, "tolerance": a.tolerance, "summary": summary(sides),
+    result = {"sides": sides, "before": a.before, "tolerance": a.tolerance, "clock": a.clock, "summary": summary(sides),
               "environment": run_environment()}
     print(json.dumps(result, indent=1))
     write_json(a.json, {k: v for k, v in result.items() if k != "environment"})
@@ -268,7 +277,9 @@ def write_markdown(r: dict, command: str) -> None:
         f"tree); 1-minute load average at the start of each process: {', '.join(str(x) for x in loads)} (a shared "
         "2-core machine: the ratios within a round are the figures to trust).", "",
         "One SDE denoiser call (prompt 128 + response 128, batch 1, LLaDA-shaped d_model 256 / 4 layers / V 32,768 / "
-        "d 100, fp32): per-part medians over the rounds of each side's median over the NFE-16 schedule's SNRs. "
+        "d 100, fp32): per-part medians over the rounds of each side's median over the NFE-16 schedule's SNRs, "
+        + ("in process CPU time at 1 thread (the matmul peak too; time spent waiting for a core left out). "
+           if r.get("clock") == "cpu" else "in wall time. ") +
         f"Measured fp32 matmul peak (after side, median): **{peak:.1f} GFLOP/s**.", "", *lines, "",
         f"Whole call over the FLOP time of its needed work: {ratio_line} (target 1.5×). Seeded NFE-16 SDE sample "
         f"per side: {sample}; tokens before and after: {'identical' if same else 'DIFFERENT'}.", "",
