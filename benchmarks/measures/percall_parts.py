@@ -146,10 +146,15 @@ def head_layouts(x: torch.Tensor, w: torch.Tensor, reps: int) -> dict[str, dict]
     ref = F.linear(x, w)
     wt = w.t().contiguous()  # a one-time transposed copy: + the head's size in memory
     out = torch.empty_like(ref)
-    variants = {"F.linear(x, W), W (V, H) as stored (used)": lambda: F.linear(x, w),
+    variants = {"F.linear(x, W), W (V, H) as stored, one product": lambda: F.linear(x, w),
                 "mm(x, Wᵀ) into a reused output": lambda: torch.mm(x, w.T, out=out),
                 "mm(x, Wᵀ contiguous copy)": lambda: torch.mm(x, wt),
                 "W xᵀ, logits transposed (V, L)": lambda: torch.mm(w, x.T)}
+    try:  # the backbone's head: vocabulary chunks of the weight
+        from dsl_llada.backbones.base import head_linear
+        variants["head_linear: 4 MB vocabulary chunks of W (used)"] = lambda: head_linear(x, w)
+    except ImportError:
+        pass
     try:  # MKL's packed-weight GEMM (a private torch op; fp32 only; + the head's size in memory)
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
         variants["MKL packed weight (torch.ops.mkl._mkl_linear)"] = \
