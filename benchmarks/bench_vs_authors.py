@@ -12,7 +12,10 @@ identical tokens; the script checks that and fails loudly otherwise. Two deliber
 samplers (not the authors'): the [MASK] id is never decoded/proposed, and the SDE uses the authors' predictor noise.
 
 Model: LLaDA-shaped, d_model 256, 4 layers, vocabulary 32,768, noise dim 100 (benchlib.llada_shaped), prompt 128 +
-response 128, batch 1, fp32. Runs are interleaved (ours, authors', alternating order), medians of --rounds.
+response 128, fp32. Runs are interleaved (ours, authors', alternating order), medians of --rounds. The SDE runs at
+batch 1; remasking at each of --batches (default 1): ours on B prompts at once against the restatement run on each
+of them in turn (the authors' sampler is batch 1), per sample, tokens compared row by row. --samplers picks which
+of the two run.
 
 With --recommended: the SDE at the speed frontier's recommended point (whole-response SDE, bf16 backbone with the
 converter softmax, posterior and state in fp32; docs/benchmarks/ *Quality-speed frontier*) at batch 1 and 8
@@ -20,7 +23,8 @@ against the restatement per sample, run as the authors' code would run on this C
 only) and in the same dtype (their own bf16 recipe: fp32 pi cast to bf16 before W, bf16 backbone, fp32 logits).
 Every variant in every round, in rotating order; ratios are taken within each round.
 
-Usage:  python benchmarks/bench_vs_authors.py [--rounds 5] [--write]
+Usage:  python benchmarks/bench_vs_authors.py [--rounds 5] [--nfe 16] [--samplers sde remask] [--batches 1 8]
+                                             [--json OUT] [--write]
         python benchmarks/bench_vs_authors.py --recommended [--batches 1 8] [--rounds 5] [--json OUT] [--write]
 """
 
@@ -37,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import clock, llada_shaped, machine_line, med_spread, random_prompts, write_section, parse_args, run_environment
+from benchlib import (clock, llada_shaped, machine_line, med_spread, random_prompts, use_cpu_clock, write_json,
+                      write_section, parse_args, run_environment)
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.remask import sample_remask, transfer_counts
@@ -86,6 +91,8 @@ def authors_sde(model, prompt_ids: torch.Tensor, cfg: SDEConfig, generator: torc
 
 @torch.no_grad()
 def authors_remask(backbone, prompt_ids: torch.Tensor, cfg: RemaskConfig) -> torch.Tensor:
+    if prompt_ids.shape[0] > 1:  # the authors' sampler takes one prompt: each row in turn
+        return torch.cat([authors_remask(backbone, row[None], cfg) for row in prompt_ids])
     mask_id = backbone.special.mask
     P, L = prompt_ids.shape[1], cfg.gen_length
     x = torch.cat([prompt_ids, torch.full((1, L), mask_id, dtype=torch.long)], dim=1)
@@ -114,37 +121,55 @@ def main() -> None:
     ap.add_argument("--recommended", action="store_true",
                     help="the SDE at the frontier's recommended point (bf16 backbone) against the restatement in fp32 "
                          "and bf16, per sample")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], choices=range(1, 33), metavar="1-32",
-                    help="with --recommended: our batch sizes (the restatement runs batch 1, as the authors' sampler)")
-    ap.add_argument("--json", default=None, help="with --recommended: write the results and environment record here")
+    ap.add_argument("--batches", type=int, nargs="+", default=None, choices=range(1, 33), metavar="1-32",
+                    help="our batch sizes: remasking's (default 1), or with --recommended the SDE's (default 1 8); "
+                         "the restatement runs batch 1, as the authors' sampler")
+    ap.add_argument("--samplers", nargs="+", default=["sde", "remask"], choices=["sde", "remask"],
+                    help="which samplers to compare (without --recommended)")
+    ap.add_argument("--json", default=None, help="write the results and this run's environment record here")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or the process's CPU time (with --threads 1; on a shared machine it leaves out "
+                         "the time spent waiting for a core)")
     a = parse_args(ap)
+    if a.clock == "cpu":
+        use_cpu_clock(torch.get_num_threads())
     if a.recommended:
+        a.batches = a.batches or [1, 8]
         recommended(a)
         return
     model = llada_shaped()
-    pb = random_prompts(model, 1, a.prompt)
+    batches = sorted(set(a.batches or [1]))
+    pbs = {b: random_prompts(model, b, a.prompt) for b in batches}  # row i is the same prompt at every batch size
     sde_cfg = SDEConfig(nfe=a.nfe, gen_length=a.gen, predictor_noise=True)
     rm_cfg = RemaskConfig(steps=a.nfe, gen_length=a.gen)
 
-    runs = {
-        "sde": (lambda: sample_sde(model, pb, sde_cfg, generator=torch.Generator().manual_seed(0)).ids,
-                lambda: authors_sde(model, pb.ids, sde_cfg, torch.Generator().manual_seed(0))),
-        "remask": (lambda: sample_remask(model, pb, rm_cfg).ids,
-                   lambda: authors_remask(model.backbone, pb.ids, rm_cfg)),
-    }
-    result = {"machine": machine_line(), "rounds": a.rounds, "nfe": a.nfe, "prompt": a.prompt, "gen": a.gen}
-    for name, (ours, theirs) in runs.items():
+    runs: dict[str, tuple] = {}
+    if "sde" in a.samplers:
+        pb1 = random_prompts(model, 1, a.prompt)
+        runs["sde"] = (lambda: sample_sde(model, pb1, sde_cfg, generator=torch.Generator().manual_seed(0)).ids,
+                       lambda: authors_sde(model, pb1.ids, sde_cfg, torch.Generator().manual_seed(0)), 1)
+    if "remask" in a.samplers:
+        for b in batches:
+            runs["remask" if b == 1 else f"remask_b{b}"] = (
+                lambda b=b: sample_remask(model, pbs[b], rm_cfg).ids,
+                lambda b=b: authors_remask(model.backbone, pbs[b].ids, rm_cfg), b)
+    result = {"machine": machine_line(), "rounds": a.rounds, "nfe": a.nfe, "prompt": a.prompt, "gen": a.gen,
+              "clock": a.clock}
+    for name, (ours, theirs, b) in runs.items():
         t_ours, t_theirs = [], []
-        same = torch.equal(ours(), theirs())  # warm-up + token check
+        same = torch.equal(ours(), theirs())  # warm-up + token check (row by row for a batch)
         for r in range(a.rounds):
             order = [(ours, t_ours), (theirs, t_theirs)]
             for fn, acc in (order if r % 2 == 0 else order[::-1]):
-                acc.append(clock(fn))
+                acc.append(clock(fn) / b)
         mo, mt = med_spread(t_ours)[0], med_spread(t_theirs)[0]
-        result[name] = {"identical_tokens": same, "ours_s": t_ours, "authors_s": t_theirs, "ours_median_s": mo,
-                        "authors_median_s": mt, "speedup": mt / mo,
+        result[name] = {"batch": b, "identical_tokens": same, "ours_s": t_ours, "authors_s": t_theirs,
+                        "ours_median_s": mo, "authors_median_s": mt, "speedup": mt / mo,
+                        "round_speedups": [t / o for t, o in zip(t_theirs, t_ours)],
                         "speedup_range": [min(t_theirs) / max(t_ours), max(t_theirs) / min(t_ours)]}
+        print(name, f"{mt / mo:.2f}x", "identical" if same else "DIFFERENT tokens", file=sys.stderr, flush=True)
     print(json.dumps({**result, "environment": run_environment()}, indent=2))
+    write_json(a.json, result)
     if a.write:
         write_markdown(result, " ".join(["python", "benchmarks/bench_vs_authors.py"] + sys.argv[1:]))
     if not all(result[k]["identical_tokens"] for k in runs):
@@ -246,8 +271,10 @@ def write_recommended(r: dict, command: str) -> None:
 def write_markdown(r: dict, command: str) -> None:
     rows = ["| sampler | identical tokens | ours, median s (min–max) | authors' restatement, median s (min–max) | speed-up (range) |",
             "|---|---|---|---|---|"]
-    for name, label in (("sde", f"SDE, NFE {r['nfe']}"), ("remask", f"LLaDA remasking, {r['nfe']} steps")):
-        e = r[name]
+    for name, e in r.items():
+        if not isinstance(e, dict) or "speedup" not in e:
+            continue
+        label = f"SDE, NFE {r['nfe']}" if name == "sde" else f"LLaDA remasking, {r['nfe']} steps, batch {e['batch']}"
         rows.append(f"| {label} | {'yes' if e['identical_tokens'] else '**no**'} | {e['ours_median_s']:.3f} "
                     f"({min(e['ours_s']):.3f}–{max(e['ours_s']):.3f}) | {e['authors_median_s']:.3f} "
                     f"({min(e['authors_s']):.3f}–{max(e['authors_s']):.3f}) | **{e['speedup']:.2f}×** "
@@ -255,7 +282,8 @@ def write_markdown(r: dict, command: str) -> None:
     body = "\n".join([
         f"Command: `{command}` ({r['machine']}).", "",
         f"LLaDA-shaped model (d_model 256, 4 layers, vocabulary 32,768, noise dim 100, fp32), prompt {r['prompt']} + "
-        f"response {r['gen']}, batch 1, {r['rounds']} interleaved rounds. The restatement does the authors' per-call "
+        f"response {r['gen']}, {r['rounds']} interleaved rounds; times per sample (a batch's time / its size; the "
+        "restatement runs each prompt of a batch in turn, as the authors' batch-1 sampler). The restatement does the authors' per-call "
         "work (dense converter, output head over every position, full softmax + top-M for the SDE; full-sequence "
         "head + float64 softmax for remasking) around the same solver, noise and commit schedule. Target: ≥ 2.0× "
         "with identical tokens. The range column divides the slowest/fastest runs of one side by the other's.", "",

@@ -80,12 +80,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+TIMER: Callable[[], float] = time.perf_counter
+"""What `clock` reads: wall time, or the process's CPU time after `use_cpu_clock()`."""
+
+
+def use_cpu_clock(threads: int) -> None:
+    """Time with the process's CPU time instead of wall time (`--clock cpu`): on a shared machine a 1-thread
+    process's CPU time leaves out the time it waited for a core (not the cache and memory it shares). Only at
+    1 thread: with more, CPU time adds the threads' times up (and their waiting spins)."""
+    global TIMER
+    if threads != 1:
+        raise SystemExit(f"--clock cpu needs --threads 1 (got {threads}): CPU time sums the threads' times")
+    TIMER = time.process_time
+
+
 def clock(fn: Callable[[], object], device: str = "cpu") -> float:
     sync(device)
-    t = time.perf_counter()
+    t = TIMER()
     fn()
     sync(device)
-    return time.perf_counter() - t
+    return TIMER() - t
 
 
 def med_spread(xs: list[float]) -> tuple[float, float, float]:
@@ -187,7 +201,7 @@ def sde_call_work(model: DSLModel, prompt: int, response: int, top_m: int) -> di
 def blocks_and_head_times(model: DSLModel, ids: torch.Tensor, z: torch.Tensor, beta: float, E: torch.Tensor,
                           prompt: int, reps: int) -> tuple[float, float, torch.Tensor]:
     """Median times of the backbone blocks alone over `ids` (response states from `z`) and of the final norm + head
-    on `response` random hidden rows, and those normed rows."""
+    (as the backbone runs it) on `response` random hidden rows, and those normed rows."""
     import torch.nn.functional as F
 
     bb = model.backbone
@@ -196,7 +210,11 @@ def blocks_and_head_times(model: DSLModel, ids: torch.Tensor, z: torch.Tensor, b
     t_blocks = median_time(lambda: bb(h_in, positions=slice(T, T)), reps)  # no rows: the blocks only
     hidden = torch.randn(1, T - prompt, bb.cfg.d_model)
     ln_f, head_w = bb.model.transformer.ln_f, bb.model.transformer.ff_out.weight
-    t_head = median_time(lambda: F.linear(ln_f(hidden), head_w), reps)
+    try:  # the head as the backbone runs it (a tree from before `head_linear` existed: one F.linear)
+        from dsl_llada.backbones.base import head_linear
+    except ImportError:
+        head_linear = F.linear
+    t_head = median_time(lambda: head_linear(ln_f(hidden), head_w), reps)
     return t_blocks, t_head, ln_f(hidden)
 
 

@@ -23,7 +23,7 @@ import benchlib  # noqa: E402
 # script -> subcommand -> the options it must take (those of the measurement it runs)
 SUBCOMMANDS = {
     "bench_percall": {
-        "parts": ["--before", "--rounds", "--reps", "--tolerance", "--write", "--measure"],
+        "parts": ["--before", "--rounds", "--reps", "--tolerance", "--clock", "--json", "--write", "--measure"],
         "roofline": ["--reps", "--tolerance", "--write"],
         "ablation": ["--rounds", "--write"],
         "loop": ["--preset", "--device", "--dtype", "--quick", "--write", "--efficiency-rounds", "--nfe"]},

@@ -351,8 +351,8 @@ def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
 
 
 def test_top_m_values_needs_no_full_topk(monkeypatch):
-    """Peaked rows are served from the candidates: torch.topk runs on the strided sample and the candidate block
-    only, never on a whole row, and the result is topk's."""
+    """Peaked rows are served from the candidates: torch.topk runs on the sample's group maxima, the picked groups
+    and the candidate block only, never on a whole row or the whole sample, and the result is topk's."""
     from dsl_llada import converter
 
     calls = []
@@ -366,7 +366,9 @@ def test_top_m_values_needs_no_full_topk(monkeypatch):
     ref = real(x, 512, dim=-1)
     monkeypatch.setattr(torch.Tensor, "topk", counting)
     v, i = converter.top_m_values(x, 512)
-    assert calls[0] == (6, 32768 // converter.TOP_M_STRIDE) and (6, 32768) not in calls
+    k_sub, g = -(-3 * 512 // (2 * converter.TOP_M_STRIDE)), converter.TOP_M_GROUP
+    assert calls[:2] == [(6, 32768 // converter.TOP_M_STRIDE // g), (6, k_sub * g)] and len(calls) == 3
+    assert calls[2][1] < 32768 // converter.TOP_M_STRIDE  # the candidate block: fewer values than the sample
     assert torch.equal(v, ref.values) and torch.equal(x.gather(1, i), v)  # (this x has one exact tie)
     assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(i, ref.indices))
 
@@ -413,3 +415,80 @@ def test_sparse_values_equal_the_row_by_row_reference(mix):
     assert ((got - ref).abs() <= bound)[~sparse].all()
     if torch.get_num_threads() == 1:
         assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("case", ["gaussian", "bf16 ties", "integer ties", "capped", "nan", "many nan", "-inf rows",
+                                  "short tail", "few groups"])
+def test_sample_kth_largest_equals_topk_of_the_strided_sample(case):
+    """The k-th largest of the strided sample, found from the top-k groups, is exactly the value a topk over the
+    whole sample gives, with ties, NaNs (ranked above every number), -inf rows and a padded last group."""
+    from dsl_llada.converter import sample_kth_largest
+
+    n, k = {"short tail": (20001, 96), "few groups": (4096, 96)}.get(case, (32768, 96))
+    x = _rows(20, 9, n, 2.0)
+    if case == "bf16 ties":
+        x = x.bfloat16().float()
+    elif case == "integer ties":
+        x = x.round()
+    elif case == "capped":  # hundreds of sample values tie at the top
+        x = x.clamp(max=0.5)
+    elif case == "nan":
+        x[2, 8 * 100] = float("nan")
+    elif case == "many nan":  # more NaNs in a row's sample than k: the k-th largest is NaN
+        x[3, : 8 * 200: 8] = float("nan")
+    elif case == "-inf rows":
+        x[4] = float("-inf")
+        x[5, ::2] = float("-inf")
+    ref = x[:, ::8].topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    got = sample_kth_largest(x, 8, k)
+    assert got.shape == (9, 1)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
+    if case == "many nan":
+        assert bool(got[3].isnan()) and not bool(got[0].isnan())
+
+
+@pytest.mark.parametrize("density", [0.0, 0.02, 0.5, 1.0])
+def test_flat_nonzero_equals_nonzero(density):
+    from dsl_llada.converter import flat_nonzero
+
+    mask = torch.rand(37, 1024, generator=gen(21)) < density
+    assert torch.equal(flat_nonzero(mask), mask.view(-1).nonzero().squeeze(1))
+    odd = mask[:, :1021]  # not a whole number of 32-bit words: plain nonzero, same answer
+    assert torch.equal(flat_nonzero(odd), odd.reshape(-1).nonzero().squeeze(1))
+
+
+@pytest.mark.parametrize("rows, H, V", [(16, 256, 32768), (33, 64, 50000), (128, 256, 32768), (3, 8, 9000),
+                                        (129, 128, 4099), (256, 1024, 8192)])
+def test_head_linear_equals_f_linear_bit_for_bit(rows, H, V):
+    """The output head in vocabulary chunks gives F.linear's logits bit for bit (shapes below the chunking
+    thresholds take F.linear itself); 3-D inputs keep their leading shape."""
+    import torch.nn.functional as F
+
+    from dsl_llada.backbones.base import HEAD_CHUNK_BYTES, head_linear
+
+    w = torch.randn(V, H, generator=gen(30)) * 0.5
+    x = torch.randn(1, rows, H, generator=gen(31))
+    with torch.no_grad():
+        got = head_linear(x, w)
+    assert got.shape == (1, rows, V) and torch.equal(got, F.linear(x, w))
+    assert torch.equal(head_linear(x[0], w), F.linear(x[0], w))
+    chunked = rows >= 16 and H <= 1024 and V * H * 4 > HEAD_CHUNK_BYTES
+    assert chunked == ((rows, H, V) in [(16, 256, 32768), (33, 64, 50000), (128, 256, 32768), (256, 1024, 8192)])
+
+
+def test_head_linear_keeps_autograd_and_other_dtypes_on_f_linear(monkeypatch):
+    """Under autograd and outside fp32 the head is one F.linear (counted); at inference in fp32 it is chunked."""
+    from dsl_llada.backbones import base
+
+    calls = []
+    real = base.F.linear
+    monkeypatch.setattr(base.F, "linear", lambda *a: calls.append(a[0].dtype) or real(*a))
+    w = torch.randn(32768, 64, generator=gen(32), requires_grad=True)
+    x = torch.randn(20, 64, generator=gen(33))
+    base.head_linear(x, w).sum().backward()  # gradients flow through F.linear
+    assert calls == [torch.float32] and w.grad is not None
+    with torch.no_grad():
+        base.head_linear(x.bfloat16(), w.detach().bfloat16())
+        assert calls == [torch.float32, torch.bfloat16]
+        base.head_linear(x, w.detach())
+    assert len(calls) == 2

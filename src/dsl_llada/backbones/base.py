@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Union, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigBase
@@ -40,6 +41,34 @@ def select_positions(x: torch.Tensor, positions: Positions) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.is_floating_point():
         raise ValueError(f"positions must be None, a slice or a 1-D integer tensor, got {positions!r}")
     return x.index_select(1, positions.to(x.device))
+
+
+HEAD_CHUNK_BYTES = 4 << 20
+"""`head_linear` runs the output head over vocabulary chunks whose weight rows take at most this many bytes."""
+HEAD_CHUNK_MIN_ROWS = 16
+"""...for inputs of at least this many rows (MKL takes other kernels for a few rows; not measured there)."""
+HEAD_CHUNK_MAX_WIDTH = 1024
+"""...and hidden sizes up to this (the range checked bit for bit; wider heads run as one product)."""
+
+
+def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)` for an output head weight (V, H), bit for bit. On a CPU in fp32 at inference (from
+    HEAD_CHUNK_MIN_ROWS rows, H <= HEAD_CHUNK_MAX_WIDTH) it runs as one product per chunk of vocabulary rows
+    (HEAD_CHUNK_BYTES of weight each) written into one (..., V) result: each logit is the same length-H dot product
+    in the same order (tests/test_speed_paths.py), and the chunk's packed weight stays in cache. At 128 rows,
+    H 256, V 32,768 (2-core AMD EPYC, MKL) this took 6 % less CPU time than one product at 1 thread, 15 % at 2."""
+    H, V = x.shape[-1], weight.shape[0]
+    step = max(16, HEAD_CHUNK_BYTES // max(1, H * weight.element_size()) // 16 * 16)
+    rows = x.numel() // max(1, H)
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or V <= step
+            or rows < HEAD_CHUNK_MIN_ROWS or H > HEAD_CHUNK_MAX_WIDTH
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight)
+    flat = x.reshape(rows, H)
+    out = torch.empty(rows, V, dtype=x.dtype, device=x.device)
+    for s in range(0, V, step):
+        torch.mm(flat, weight[s: s + step].T, out=out[:, s: s + step])
+    return out.view(*x.shape[:-1], V)
 
 
 def position_index(positions: Positions, length: int, device: torch.device | str | None = None) -> torch.Tensor:

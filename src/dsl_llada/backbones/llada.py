@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import check_keys, read_json, read_tensors, checkpoint_files
-from .base import (Backbone, CheckpointError, KVCache, Positions, SpecialTokens, padding_to_additive_mask,
-                   select_positions)
+from .base import (Backbone, CheckpointError, KVCache, Positions, SpecialTokens, head_linear,
+                   padding_to_additive_mask, select_positions)
 
 
 @dataclass
@@ -314,8 +314,8 @@ class LLaDABackbone(Backbone):
         t = self.model.transformer
         x = t.ln_f(select_positions(x, positions))
         if t.ff_out is None:  # weight tying
-            return F.linear(x, t.wte.weight)
-        logits = F.linear(x, t.ff_out.weight)
+            return head_linear(x, t.wte.weight)
+        logits = head_linear(x, t.ff_out.weight)
         return logits if t.ff_out.bias is None else logits + t.ff_out.bias
 
     supports_kv_cache = True
