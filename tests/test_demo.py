@@ -210,3 +210,27 @@ def test_the_demos_files_name_one_run(quick_report):
     assert json.loads((quick_report / "bayes_floor.json").read_text())["run_id"] == cfg["run_id"]
     assert f"Run `{cfg['run_id']}`" in (quick_report / "report.md").read_text()
     assert not [p.name for p in quick_report.iterdir() if p.name.startswith(".")]  # no stage or temp file left
+
+
+@pytest.mark.parametrize("dsl_steps", [7, 11])
+def test_controls_train_as_many_updates_as_the_dsl_stage_took(tmp_path, monkeypatch, dsl_steps):
+    """The paper's controls (MDM-CPT, XDLM) are matched at equal extra steps: when the DSL stage stopped at its
+    target after N updates, each control runs N updates, not the DSL stage's cap."""
+    import dsl_llada.toy.demo as demo_module
+    from dsl_llada.toy.demo import Demo
+
+    seen: dict[str, int] = {}
+
+    def fake_stage(model, tokenizer, examples, stage, **kw):
+        seen[stage.objective] = stage.steps
+        return [1.0] * stage.steps
+
+    monkeypatch.setattr(demo_module, "run_stage", fake_stage)
+    demo = Demo(DemoConfig(), tmp_path, progress=False, echo=lambda *a: None)
+    demo.stops["dsl"] = {"target": 0.12, "steps": dsl_steps, "checks": []}
+    base = demo._fresh_backbone()
+    train = demo.corpora(1, 1)[0][:4]
+    for objective in ("mdm", "xdlm"):
+        demo.adapted(base, train, objective)
+    assert seen == {"mdm": dsl_steps, "xdlm": dsl_steps}
+    assert DemoConfig().cpt.steps not in seen.values()

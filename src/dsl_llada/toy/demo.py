@@ -274,6 +274,9 @@ class Demo:
 
     def adapted(self, base: LLaDABackbone, train, objective: str) -> DSLModel | Backbone:
         stage = self.cfg.cpt.replace(objective=objective)
+        if objective != "dsl" and "dsl" in self.stops:
+            # the paper's controls get as many extra updates as the DSL stage took to its target
+            stage = stage.replace(steps=int(self.stops["dsl"]["steps"]))
         key = {"stage": objective, "base": self.cfg.pretrain.to_dict(), "cfg": stage.to_dict(),
                "noise_dim": self.cfg.noise_dim, "seed": self.cfg.seed, "n_train": self.cfg.n_train,
                "world": self.world.config.to_dict(),
