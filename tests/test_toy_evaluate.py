@@ -41,3 +41,57 @@ def test_records_use_the_toy_seed_formula_and_the_shared_sampler_path(toy, seed)
         text = tok.decode(out.ids[0].tolist(), skip_special_tokens=False)
         assert rec["output"] == " ".join(response_words(text))
         assert rec["forward_passes"] == out.forward_passes == 3
+
+
+def test_seed_free_samplers_are_the_greedy_remasking_rows():
+    from dsl_llada.toy.evaluate import ORACLE_METHODS, PAPER_METHODS, seed_free
+    free = {m.name for m in PAPER_METHODS + ORACLE_METHODS if seed_free(m.config(16, 32))}
+    assert free == {"LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block", "DSL-Remask", "Oracle LLaDA"}  # not ReMDM, no SDE
+    assert not seed_free(Method("t", "base", "remask", {"temperature": 0.5}).config(4, 8))
+    assert not seed_free(Method("r", "base", "remask", {"remasking": "random"}).config(4, 8))
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_seed_free_sampler_samples_a_repeated_prompt_once_with_the_same_records(toy, seed, monkeypatch):
+    """Examples 3 and 4 repeat examples 0 and 1, and a second sampling seed repeats them all: only the 3 distinct
+    prompts are sampled, and every record equals that of the prompt run alone with its own seed."""
+    from dsl_llada.sampling import batches
+    world, tok, models = toy
+    base = make_split(world, 3, "open", split="test")
+    assert len({ex.prompt for ex in base}) == 3
+    examples = base + base[:2]
+    method = Method("LLaDA", "dsl", "remask")
+    sampled: list[int] = []
+    run_batch = batches.run_batch
+    monkeypatch.setattr(batches, "run_batch", lambda model, ids, *a, **k: sampled.append(len(ids)) or run_batch(model, ids, *a, **k))
+    reuse: dict = {}
+    first = sample_records(models, world, tok, examples, [method], [4], gen_length=8, batch_size=4, seed=seed, reuse=reuse)
+    again = sample_records(models, world, tok, examples, [method], [4], gen_length=8, batch_size=4, seed=seed,
+                           sample_seed=1, reuse=reuse)
+    assert sampled == [3]  # the grid [0, 4) less position 3, then [4, 5) empty; nothing under the second seed
+    assert len(reuse) == 3
+    assert [r["seed"] for r in first] == [seed * 100_003 + i for i in range(5)]
+    assert [r["seed"] for r in again] == [seed * 100_003 + 1_000_003 + i for i in range(5)]
+    assert [r["output"] for r in first[3:]] == [r["output"] for r in first[:2]]
+    assert [{**r, "seed": 0, "sample_seed": 0} for r in again] == [{**r, "seed": 0, "sample_seed": 0} for r in first]
+    config = method.config(4, 8)
+    for i, (ex, rec) in enumerate(zip(examples, first)):  # each prompt alone, with its own seed: the same text
+        ids = tok.encode(render_prompt(ex.prompt), add_special_tokens=False)
+        out = run_sampler(models["dsl"], PromptBatch.from_lists([ids], models["dsl"].special.pad_id), config,
+                          generator=[torch.Generator().manual_seed(seed * 100_003 + 77 * i)])
+        assert rec["output"] == " ".join(response_words(tok.decode(out.ids[0].tolist(), skip_special_tokens=False)))
+        assert rec["forward_passes"] == out.forward_passes == 4
+
+
+def test_a_seeded_sampler_samples_every_row(toy, monkeypatch):
+    from dsl_llada.sampling import batches
+    world, tok, models = toy
+    examples = make_split(world, 2, "open", split="test")
+    examples = examples + examples
+    sampled: list[int] = []
+    run_batch = batches.run_batch
+    monkeypatch.setattr(batches, "run_batch", lambda model, ids, *a, **k: sampled.append(len(ids)) or run_batch(model, ids, *a, **k))
+    method = Method("ReMDM", "dsl", "remask", {"remdm": True})
+    reuse: dict = {}
+    sample_records(models, world, tok, examples, [method], [4], gen_length=8, batch_size=4, reuse=reuse)
+    assert sampled == [4] and reuse == {}
