@@ -95,3 +95,43 @@ def test_a_seeded_sampler_samples_every_row(toy, monkeypatch):
     reuse: dict = {}
     sample_records(models, world, tok, examples, [method], [4], gen_length=8, batch_size=4, reuse=reuse)
     assert sampled == [4] and reuse == {}
+
+
+def test_steps_a_block_cannot_use_change_no_token(toy):
+    """Greedy remasking with more steps per block than positions commits one position per step and then only runs
+    the model: its tokens are those of the config with one step per position. With a temperature the idle steps
+    still draw, so the next block's draws differ: that config is left as it is."""
+    from dsl_llada.config import RemaskConfig
+    from dsl_llada.sampling.remask import fewest_equivalent_steps
+    world, tok, models = toy
+    long = RemaskConfig(steps=16, gen_length=8, block_length=4)
+    assert fewest_equivalent_steps(long) == long.replace(steps=8)
+    assert fewest_equivalent_steps(long.replace(steps=8)) == long.replace(steps=8)
+    for unchanged in (long.replace(remdm=True), long.replace(threshold=0.9), long.replace(eos_suppress_ratio=0.5),
+                      long.replace(temperature=0.7), long.replace(remasking="random")):
+        assert fewest_equivalent_steps(unchanged) == unchanged
+    ids = [tok.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in make_split(world, 3, "open", "test")]
+    batch = PromptBatch.from_lists(ids, models["dsl"].special.pad_id)
+    outs = [run_sampler(models["dsl"], batch, c, generator=[torch.Generator().manual_seed(9 + i) for i in range(3)])
+            for c in (long, long.replace(steps=8))]
+    assert torch.equal(outs[0].ids, outs[1].ids) and (outs[0].forward_passes, outs[1].forward_passes) == (16, 8)
+    hot = [run_sampler(models["dsl"], batch, c.replace(temperature=0.7), generator=[torch.Generator().manual_seed(9)
+                                                                                   for _ in range(3)])
+           for c in (long, long.replace(steps=8))]
+    assert torch.equal(hot[0].ids[:, :4], hot[1].ids[:, :4]) and not torch.equal(hot[0].ids, hot[1].ids)
+
+
+def test_a_seed_free_run_at_more_steps_than_positions_reuses_the_shorter_run(toy, monkeypatch):
+    from dsl_llada.sampling import batches
+    world, tok, models = toy
+    examples = make_split(world, 3, "open", split="test")
+    sampled: list[int] = []
+    run_batch = batches.run_batch
+    monkeypatch.setattr(batches, "run_batch", lambda model, ids, *a, **k: sampled.append(len(ids)) or run_batch(model, ids, *a, **k))
+    method = Method("LLaDA+EOS", "dsl", "remask", {"eos_inf": True})
+    reuse: dict = {}
+    both = sample_records(models, world, tok, examples, [method], [8, 16], gen_length=8, batch_size=4, reuse=reuse)
+    assert sampled == [3]  # NFE 16 on 8 positions writes what NFE 8 wrote
+    alone = sample_records(models, world, tok, examples, [method], [16], gen_length=8, batch_size=4)
+    assert sampled == [3, 3]
+    assert both[3:] == alone and [r["forward_passes"] for r in both] == [8] * 3 + [16] * 3

@@ -369,7 +369,8 @@ class Demo:
 
     def sample(self, models: dict[str, DSLModel | Backbone], evals, methods) -> list[dict[str, Any]]:
         """Every (sampling seed, method, NFE) run over the held-out prompts, in that order, with a progress bar over
-        the runs; a seed-free sampler's outputs are reused across repeated prompts and seeds (`sample_records`)."""
+        the runs; a seed-free sampler's outputs are reused across repeated prompts, NFEs of the same tokens and
+        seeds (`sample_records`)."""
         runs = [(k, m, nfe) for k in range(self.cfg.sample_seeds) for m in methods for nfe in self.cfg.nfes]
         reuse: Reuse = {}
         records: list[dict[str, Any]] = []

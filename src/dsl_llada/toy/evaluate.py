@@ -19,6 +19,7 @@ from ..backbones.base import Backbone
 from ..model import DSLModel
 from ..sampling.batches import RowResult, run_batches
 from ..sampling.common import SampleOutput
+from ..sampling.remask import fewest_equivalent_steps
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from ..stats import bootstrap_ratio
 from .tasks import TaskExample, render_prompt, response_words, score_response
@@ -98,15 +99,17 @@ def sampled_rows(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]]
 
 
 def seed_free(config: SamplerConfig) -> bool:
-    """True when the sampler draws no random number under `config`: greedy (temperature 0) low-confidence
-    remasking without ReMDM's re-mask draws (`remask_step`). Its tokens are then a function of the prompt alone,
-    whatever the row's seed."""
+    """True when the sampler draws no random number under `config` and runs a fixed number of steps: greedy
+    (temperature 0) low-confidence remasking without ReMDM's re-mask draws (`remask_step`) and without a confidence
+    threshold (whose batch runs until its slowest row is done). Its tokens are then a function of the prompt alone,
+    whatever the row's seed, and its forward passes are its steps (twice with guidance)."""
     return (isinstance(config, RemaskConfig) and config.temperature == 0 and config.remasking == "low_confidence"
-            and not config.remdm)
+            and not config.remdm and config.threshold is None)
 
 
-Reuse = dict[tuple[str, SamplerConfig, tuple[int, ...]], tuple[str, int]]
-"""Outputs of seed-free runs kept for reuse: (model key, config, prompt ids) -> (decoded text, forward passes)."""
+Reuse = dict[tuple[str, SamplerConfig, tuple[int, ...]], str]
+"""Outputs of seed-free runs kept for reuse: (model key, the config with the fewest equivalent steps, prompt ids) ->
+decoded text."""
 
 
 def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, tokenizer,
@@ -116,11 +119,13 @@ def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, t
     """One record per (method, NFE, example) with the decoded output and its per-sample metrics. `sample_seed`
     k > 0 draws another seed per row (the demo's `--seeds K` runs k = 0..K-1; k = 0 is the historical seeding).
 
-    A seed-free sampler (`seed_free`) samples a prompt once: a later example with the same prompt ids, in this call
-    or, through `reuse` (a dict the caller keeps between calls), in another call or under another sampling seed,
-    gets the first one's output. The skipped rows leave their places in the batch grid empty (`run_batches`'
-    `skip`), so the rows that do run keep the batches' prompts and padding and only the batch gets smaller; rows
-    are independent of their batch-mates (`tests/test_toy_evaluate.py` checks the records are the same)."""
+    A seed-free sampler (`seed_free`) samples a prompt once per model and token sequence: an example whose prompt
+    ids were sampled before with a config of the same tokens (the same config, or one with more steps than a block
+    can use: `remask.fewest_equivalent_steps`), in this call or, through `reuse` (a dict the caller keeps between
+    calls for the same models), in an earlier call or under another sampling seed, gets that output; its record
+    still gives its own seed and its config's forward passes. Skipped rows leave their places in the batch grid
+    empty (`run_batches`' `skip`), so the rows that run keep their batch's prompts and padding and only the batch
+    is smaller; rows do not depend on their batch-mates (`tests/test_toy_evaluate.py` checks the records)."""
     records = []
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
     base = seed * 100_003 + sample_seed * 1_000_003
@@ -130,7 +135,8 @@ def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, t
         for nfe in nfes:
             config = method.config(nfe, gen_length)
             shared = seed_free(config)
-            key = [(method.model, config, tuple(ids)) for ids in prompt_ids]
+            same = fewest_equivalent_steps(config) if isinstance(config, RemaskConfig) and shared else config
+            key = [(method.model, same, tuple(ids)) for ids in prompt_ids]
             skip = {i for i, k in enumerate(key) if shared and (k in kept or k in key[:i])}
             made: dict[int, tuple[str, int]] = {}
             for r, output in sampled_rows(model, prompt_ids, config, batch_size=batch_size, seed_of=lambda i: base + i,
@@ -139,14 +145,20 @@ def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, t
                 keep_all = not output.config.get("truncate_at_eos", True)
                 made[r.index] = (tokenizer.decode(r.ids, skip_special_tokens=keep_all), output.forward_passes)
                 if shared:
-                    kept[key[r.index]] = made[r.index]
+                    kept[key[r.index]] = made[r.index][0]
             for i, ex in enumerate(examples):
-                text, passes = made[i] if i in made else kept[key[i]]
+                text, passes = made[i] if i in made else (kept[key[i]], _seed_free_forwards(config))
                 records.append(score_record(world, ex, text, method=method.name, nfe=nfe, seed=base + i, index=i,
                                             forward_passes=passes, **({"sample_seed": sample_seed} if sample_seed else {})))
             if on_progress is not None:
                 on_progress(f"{method.name} NFE {nfe}")
     return records
+
+
+def _seed_free_forwards(config: SamplerConfig) -> int:
+    """The forward passes of a seed-free run (`seed_free`): one per step, two with classifier-free guidance."""
+    assert isinstance(config, RemaskConfig)
+    return config.steps * (2 if config.cfg_scale > 0 else 1)
 
 
 def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -> dict[str, Any]:
