@@ -132,6 +132,15 @@ def test_a_seed_free_run_at_more_steps_than_positions_reuses_the_shorter_run(toy
     reuse: dict = {}
     both = sample_records(models, world, tok, examples, [method], [8, 16], gen_length=8, batch_size=4, reuse=reuse)
     assert sampled == [3]  # NFE 16 on 8 positions writes what NFE 8 wrote
+    steps: list[int] = []
+    monkeypatch.setattr(batches, "run_batch", lambda model, ids, config, *a, **k: steps.append(config.steps)
+                        or run_batch(model, ids, config, *a, **k))
     alone = sample_records(models, world, tok, examples, [method], [16], gen_length=8, batch_size=4)
-    assert sampled == [3, 3]
+    assert steps == [8]  # NFE 16 alone runs as NFE 8, the 8 steps that commit nothing left out
     assert both[3:] == alone and [r["forward_passes"] for r in both] == [8] * 3 + [16] * 3
+    config = method.config(16, 8)
+    for ex, rec in zip(examples, alone):  # the full 16 steps, each prompt alone: the same text
+        ids = tok.encode(render_prompt(ex.prompt), add_special_tokens=False)
+        out = run_sampler(models["dsl"], PromptBatch.from_lists([ids], models["dsl"].special.pad_id), config)
+        assert rec["output"] == " ".join(response_words(tok.decode(out.ids[0].tolist(), skip_special_tokens=False)))
+        assert rec["forward_passes"] == out.forward_passes == 16
