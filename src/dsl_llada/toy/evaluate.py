@@ -124,9 +124,10 @@ def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, t
     can use: `remask.fewest_equivalent_steps`), in this call or, through `reuse` (a dict the caller keeps between
     calls for the same models), in an earlier call or under another sampling seed, gets that output; its record
     still gives its own seed and its config's forward passes. The first run of such a config samples with its
-    fewest equivalent steps, so steps that would commit nothing are not run either. Skipped rows leave their places in the batch grid
-    empty (`run_batches`' `skip`), so the rows that run keep their batch's prompts and padding and only the batch
-    is smaller; rows do not depend on their batch-mates (`tests/test_toy_evaluate.py` checks the records)."""
+    fewest equivalent steps, so steps that would commit nothing are not run either. Skipped rows leave their places
+    in the batch grid empty (`run_batches`' `skip`), so the rows that run keep their batch's prompts and padding
+    and only the batch is smaller; rows do not depend on their batch-mates (`tests/test_toy_evaluate.py` checks
+    the records)."""
     records = []
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
     base = seed * 100_003 + sample_seed * 1_000_003
@@ -141,12 +142,13 @@ def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, t
             skip = {i for i, k in enumerate(key) if shared and (k in kept or k in key[:i])}
             made: dict[int, tuple[str, int]] = {}
             # a seed-free config runs as its fewest equivalent steps; its records count its own forward passes
-            passes = _seed_free_forwards(config) if shared else None
+            own = _seed_free_forwards(config) if shared else None
             for r, output in sampled_rows(model, prompt_ids, same, batch_size=batch_size, seed_of=lambda i: base + i,
                                           skip=skip):
                 # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
                 keep_all = not output.config.get("truncate_at_eos", True)
-                made[r.index] = (tokenizer.decode(r.ids, skip_special_tokens=keep_all), output.forward_passes if passes is None else passes)
+                made[r.index] = (tokenizer.decode(r.ids, skip_special_tokens=keep_all),
+                                 output.forward_passes if own is None else own)
                 if shared:
                     kept[key[r.index]] = made[r.index][0]
             for i, ex in enumerate(examples):
