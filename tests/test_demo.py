@@ -12,6 +12,8 @@ import pytest
 from dsl_llada.cli import main
 from dsl_llada.toy.demo import DemoConfig
 from dsl_llada.toy.demo_command import DemoSettings, run_demo
+from dsl_llada.toy.evaluate import aggregate
+from dsl_llada.toy.verdicts import verdicts
 
 EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block",
                     "ReMDM", "DSL-Remask", "Oracle DSL-SDE", "Oracle DSL-SDE (eta=1, beta_inf=beta)", "Oracle LLaDA"}
@@ -73,10 +75,23 @@ def test_report_tables(quick_report):
 def test_report_gives_intervals_verdicts_and_the_environment(quick_report):
     text = (quick_report / "report.md").read_text()
     assert "## Verdicts: the paper's claims at this scale" in text
-    verdicts = [ln for ln in text.splitlines() if ln.strip().startswith("- NFE ")]
-    assert len(verdicts) == 2 * 4 * len(DemoConfig.preset(quick=True).nfes)  # (trained, oracle) x 4 claims x NFE
-    assert sum("Oracle DSL-SDE " in ln and " vs Oracle LLaDA " in ln for ln in verdicts) == 4 * 3
-    assert all(ln.endswith(("**reproduced**", "**contradicted**", "**inconclusive**")) for ln in verdicts)
+    records = [json.loads(line) for line in (quick_report / "results.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["method"] in EXPECTED_METHODS]  # (without the --controls test's rows)
+    vs = verdicts(aggregate(records), records)
+    n_nfe = len(DemoConfig.preset(quick=True).nfes)
+    # the headline's 2 claims against 4 baselines (trained), against Oracle LLaDA (oracle); 4 claims x 2 pairs
+    assert len(vs) == (2 * 4 + 2 + 4 * 2) * n_nfe
+    assert {v["worse"] for v in vs if v["metric"] == "complete"} == {"LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block", "ReMDM",
+                                                                     "Oracle LLaDA"}
+    assert sum(v["better"] == "Oracle DSL-SDE" and v["worse"] == "Oracle LLaDA" for v in vs) == 6 * n_nfe
+    lines = [ln for ln in text.splitlines() if ln.strip().startswith("- NFE ")]
+    assert all(ln.endswith(("**reproduced**", "**contradicted**", "**inconclusive**")) or
+               "-> **undecidable at this scale** (the two differ on " in ln for ln in lines)
+    # one line per decided verdict, one per method pair for the undecidable ones
+    pairs = {(v["claim"], v["better"], v["worse"]) for v in vs if v["verdict"] == "undecidable at this scale"}
+    assert len(lines) == sum(v["verdict"] != "undecidable at this scale" for v in vs) + len(pairs)
+    for heading in ("complete answers %", "exact perplexity of the complete answers only"):
+        assert heading in text
     assert "| DSL-SDE | " in text and " [" in text.split("exact perplexity (lower is better)")[1].split("##")[0]
     env = json.loads((quick_report / "config.json").read_text())["environment"]
     assert env["cpu_capability"] and env["threads"]["intra_op"] >= 1 and env["libraries"]["torch"]

@@ -71,9 +71,10 @@ def test_aggregate_gives_intervals_and_the_verdict_follows_them():
     assert by["DSL-SDE"]["premature_eos%_ci"][0] < 50 < by["DSL-SDE"]["premature_eos%_ci"][1]
     vs = verdicts(rows, records)
     assert [v["verdict"] for v in vs if v["metric"] == "ppl"] == ["reproduced"]
-    assert [v["verdict"] for v in vs if v["metric"] == "premature_eos%"] == ["inconclusive"]  # equal rates
+    # the same prompts end early under both methods: no prompt differs, so no outcome could decide it
+    assert [v["verdict"] for v in vs if v["metric"] == "premature_eos%"] == ["undecidable at this scale"]
     text = "\n".join(verdict_lines(vs))
-    assert "NFE 4: DSL-SDE" in text and "**reproduced**" in text and "**inconclusive**" in text
+    assert "NFE 4: DSL-SDE" in text and "**reproduced**" in text and "**undecidable at this scale**" in text
     assert "[" in pivot(rows, "ppl") and "[" in markdown_table(rows, [("ppl", "PPL", ".2f")])
 
 
@@ -123,3 +124,80 @@ def test_paired_verdicts_judge_methods_that_differ_by_a_shift_per_prompt():
     swapped = [{**r, "method": {"DSL-SDE": "LLaDA", "LLaDA": "DSL-SDE"}[r["method"]]} for r in records]
     assert next(v for v in verdicts(aggregate(swapped), swapped) if v["metric"] == "ppl")["verdict"] == "contradicted"
     assert "; paired NLL/token -0.05, p = 0.0001 -> **reproduced**" in "\n".join(verdict_lines(verdicts(rows, records)))
+
+
+def _rec(method: str, i: int, *, nfe: int = 4, nll: float = 4.0, n: int = 4, support: float = 1.0,
+         premature: bool = False, rep: float = 0.0) -> dict:
+    return {"method": method, "task": "open", "nfe": nfe, "index": i, "nll_sum": nll, "n_tokens": n,
+            "in_support": support, "rep": rep, "len": n - 1, "output": f"w{i}", "forward_passes": nfe,
+            "tags": {"empty": False, "premature_eos": premature, "repetition": False, "degen_ending": False}}
+
+
+def test_a_claim_no_outcome_could_decide_is_undecidable_once_for_all_its_nfes():
+    """Neither method repeats a word on any of 30 prompts at any NFE: one 'undecidable' line for the pair, no
+    'inconclusive' lines."""
+    nfes = (4, 8, 16, 32, 64)
+    records = [_rec(m, i, nfe=f, nll=4.0 + 0.1 * i + (0.5 if m == "LLaDA" else 0.0)) for m in ("DSL-SDE", "LLaDA")
+               for f in nfes for i in range(30)]
+    vs = [v for v in verdicts(aggregate(records), records) if v["metric"] == "rep"]
+    assert [v["verdict"] for v in vs] == ["undecidable at this scale"] * 5
+    assert [v["differing"] for v in vs] == [0] * 5 and [v["p"] for v in vs] == [None] * 5
+    text = "\n".join(verdict_lines(verdicts(aggregate(records), records)))
+    rep = text.split("repeats adjacent words less than LLaDA remasking:\n")[1].split("\n- ")[0].splitlines()
+    assert rep == ["  - NFE 4 / 8 / 16 / 32 / 64: DSL-SDE vs LLaDA -> **undecidable at this scale** (the two differ on "
+                   "0 of 30 / 0 of 30 / 0 of 30 / 0 of 30 / 0 of 30 prompts; a paired test over k differing prompts "
+                   "cannot reach p < 0.05 unless k >= 6)"]
+    assert "NFE 64: DSL-SDE" in text and "**inconclusive**" not in text  # perplexity is decided at every NFE
+
+
+@pytest.mark.parametrize("events,verdict", [(5, "undecidable at this scale"), (6, "reproduced")])
+def test_six_differing_prompts_are_the_fewest_a_paired_test_can_decide(events, verdict):
+    from dsl_llada.toy.verdicts import MIN_DIFFERING, smallest_p
+    assert (smallest_p(0), smallest_p(1), smallest_p(5), smallest_p(6), MIN_DIFFERING) == (1.0, 1.0, 0.0625, 0.03125, 6)
+    records = ([_rec("DSL-SDE", i) for i in range(40)]
+               + [_rec("LLaDA", i, rep=1.0 if i < events else 0.0) for i in range(40)])
+    v = next(v for v in verdicts(aggregate(records), records) if v["metric"] == "rep")
+    assert v["verdict"] == verdict and v["differing"] == events
+    if events == 6:  # every differing prompt on the claimed side: the exact p is 2 / 2^6
+        assert v["p"] == pytest.approx(2 / 64, abs=0.006) and v["difference"] == pytest.approx(-100 * 6 / 40)
+
+
+def test_the_headline_counts_complete_answers_and_compares_their_perplexity_where_both_are_complete():
+    """14 prompts. DSL-SDE: complete on 0-11, off the support on 12-13 (NLL 50 over 5 tokens). LLaDA: 4-token
+    answers at NLL 1.0 per token, premature on 0-9 and complete on 10-13. Complete: 12 against 4 of 14, 10 prompts
+    for DSL-SDE and 2 against it (exact p = 2 x 79 / 4096 = 0.039). Both are complete only on 10 and 11, too few to
+    decide; per-token perplexity of every answer prefers the short ones."""
+    records = ([_rec("DSL-SDE", i, nll=6.0, n=5) for i in range(12)]
+               + [_rec("DSL-SDE", i, nll=50.0, n=5, support=0.0) for i in (12, 13)]
+               + [_rec("LLaDA", i, nll=4.0, n=4, premature=i < 10) for i in range(14)])
+    rows = aggregate(records)
+    by = {r["method"]: r for r in rows}
+    assert (by["DSL-SDE"]["complete"], by["LLaDA"]["complete"]) == (pytest.approx(1200 / 14), pytest.approx(400 / 14))
+    assert (by["DSL-SDE"]["n_complete"], by["LLaDA"]["n_complete"]) == (12, 4)
+    assert by["DSL-SDE"]["ppl_complete"] == pytest.approx(math.exp(1.2)) and by["LLaDA"]["ppl_complete"] == pytest.approx(math.e)
+    assert by["LLaDA"]["ppl"] == pytest.approx(math.e)
+    vs = {(v["metric"], v["worse"]): v for v in verdicts(rows, records)}
+    assert {w for m, w in vs if m == "complete"} == {"LLaDA"}  # the other baselines have no rows here
+    done = vs[("complete", "LLaDA")]
+    assert done["difference"] == pytest.approx(800 / 14) and done["differing"] == 12  # prompts 0-9 and 12-13
+    assert done["p"] == pytest.approx(2 * 79 / 4096, abs=0.006) and done["verdict"] == "reproduced"
+    fair = vs[("ppl_complete", "LLaDA")]
+    assert (fair["n_prompts"], fair["differing"], fair["verdict"]) == (2, 2, "undecidable at this scale")
+    assert fair["value_better"] == pytest.approx(math.exp(1.2)) and fair["value_worse"] == pytest.approx(math.e)
+    assert vs[("ppl", "LLaDA")]["verdict"] == "contradicted"
+    text = "\n".join(verdict_lines(verdicts(rows, records)))
+    assert "- DSL-SDE writes complete, in-support answers more often than LLaDA:\n  - NFE 4: DSL-SDE 86 [" in text
+    assert "(the two differ on 2 of 2 prompts where both are complete;" in text
+
+
+def test_complete_answer_perplexity_is_judged_on_the_matched_prompts():
+    """30 prompts, every answer complete, DSL-SDE 0.1 nats/token lower on each: reproduced on all 30; an incomplete
+    LLaDA answer on 10 of them removes those prompts from the comparison for both methods."""
+    sde = [_rec("DSL-SDE", i, nll=4 * (1.0 + 0.05 * i)) for i in range(30)]
+    llada = [_rec("LLaDA", i, nll=4 * (1.1 + 0.05 * i), premature=i >= 20) for i in range(30)]
+    records = sde + llada
+    v = next(v for v in verdicts(aggregate(records), records) if v["metric"] == "ppl_complete")
+    assert (v["n_prompts"], v["differing"], v["verdict"]) == (20, 20, "reproduced")
+    assert v["difference"] == pytest.approx(-0.1) and v["p"] < 1e-3
+    assert v["value_better"] == pytest.approx(math.exp(1.0 + 0.05 * 9.5))
+    assert "on 20 prompts; paired NLL/token -0.10, p = 0.0001 -> **reproduced**" in "\n".join(verdict_lines([v]))

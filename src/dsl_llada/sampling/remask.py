@@ -44,7 +44,8 @@ from .remask_step import (NEG_INF, RemaskStep, banned_ids, block_schedule, remai
 if TYPE_CHECKING:
     from ..backbones.base import SpecialTokens
 
-__all__ = ["DiscreteModel", "sample_remask", "sample_remdm", "transfer_counts", "suppressed_steps"]
+__all__ = ["DiscreteModel", "fewest_equivalent_steps", "sample_remask", "sample_remdm", "transfer_counts",
+           "suppressed_steps"]
 
 
 class DiscreteModel(Protocol):
@@ -129,6 +130,26 @@ class _Run:
         self.attn = None if self.attn is None else self.attn[keep]
         if self.cache is not None:
             self.cache.select_rows(keep)
+
+
+def fewest_equivalent_steps(config: RemaskConfig) -> RemaskConfig:
+    """The config with the fewest steps whose tokens are `config`'s, row for row (`config` itself when none has
+    fewer).
+
+    A block of W positions given S_b > W steps commits one position at each of its first W steps and none after
+    (`transfer_counts(W, S_b)`: W // S_b = 0, the first W get one), so its first W steps are those of a run with
+    S_b = W (same inputs, same logits, same commits) and the last S_b - W only run the model; their forward passes
+    are the only difference. That holds while no step's decision depends on S_b itself and no step draws a random
+    number (an idle step would still draw, and the next block's draws would differ): so only greedy low-confidence
+    remasking, and a config with a temperature, random remasking, ReMDM (its loop window is a fraction of the
+    block's steps), a confidence threshold (its quota is recomputed per step), EOS suppression (a fraction of the
+    steps) or a key/value cache (refreshed by call count) is returned unchanged."""
+    n_blocks = config.gen_length // config.effective_block_length
+    if (config.steps // n_blocks <= config.effective_block_length or config.temperature != 0
+            or config.remasking != "low_confidence" or config.remdm or config.threshold is not None
+            or config.eos_suppress_ratio > 0 or config.kv_cache != "off"):
+        return config
+    return config.replace(steps=config.effective_block_length * n_blocks)
 
 
 @torch.no_grad()

@@ -33,8 +33,9 @@ from ..model_source import ModelSource
 from ..eval.report import plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
 from ..utils import atomic_write_text
-from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, aggregate, error_correction, sample_records, \
-    score_record
+from ..utils import progress as progress_bar
+from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, Reuse, aggregate, error_correction, \
+    sample_records, score_record
 from .cache_frontier import FrontierConfig, run_frontier
 from .frontier_report import write_frontier
 from .sweep import SweepConfig, reference_rows, run_sweep, write_sweep
@@ -360,10 +361,7 @@ class Demo:
             methods += list(ORACLE_METHODS)
         self.echo(f"[3/4] sampling {len(evals)} held-out prompts x {len(methods)} methods x NFE {list(self.cfg.nfes)}")
         t = time.perf_counter()
-        records = [r for k in range(self.cfg.sample_seeds)
-                   for r in sample_records(sampling_models, self.world, self.tok, evals, methods, self.cfg.nfes,
-                                           gen_length=self.gen_length, batch_size=self.cfg.batch_size,
-                                           seed=self.cfg.seed, sample_seed=k)]
+        records = self.sample(sampling_models, evals, methods)
         self.timings["sampling_s"] = time.perf_counter() - t
         rows = aggregate(records)
         truth = [score_record(self.world, ex, ex.response, method="World (true samples)", nfe=0, seed=None, index=i,
@@ -381,6 +379,18 @@ class Demo:
         self.timings["total_s"] = time.perf_counter() - t0
         self.write(records, rows, fixclean, models, floors)
         return {"rows": rows, "records": records, "fixclean": fixclean, "timings": self.timings, "floors": floors}
+
+    def sample(self, models: dict[str, DSLModel | Backbone], evals, methods) -> list[dict[str, Any]]:
+        """Every (sampling seed, method, NFE) run over the held-out prompts, in that order, with a progress bar over
+        the runs; a seed-free sampler's outputs are reused across repeated prompts, NFEs of the same tokens and
+        seeds (`sample_records`)."""
+        runs = [(k, m, nfe) for k in range(self.cfg.sample_seeds) for m in methods for nfe in self.cfg.nfes]
+        reuse: Reuse = {}
+        records: list[dict[str, Any]] = []
+        for k, method, nfe in progress_bar(runs, desc="sampling (method x NFE runs)", enabled=self.progress, leave=True):
+            records += sample_records(models, self.world, self.tok, evals, [method], [nfe], gen_length=self.gen_length,
+                                      batch_size=self.cfg.batch_size, seed=self.cfg.seed, sample_seed=k, reuse=reuse)
+        return records
 
     def sweep(self, sweep: SweepConfig) -> list[dict[str, Any]]:
         """The paper's SDE sensitivity sweep on this demo's DSL checkpoint (cached stages reused); OUT/sweep/."""

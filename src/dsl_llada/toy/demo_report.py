@@ -51,7 +51,15 @@ def render_report(demo: Demo, records, rows, fixclean, models, floors: Any = ())
         f"{cfg.sample_seeds} sampling seed(s) per prompt). Both methods of a claim sample the same prompts, so a claim "
         "is judged by a paired permutation test of the difference (better - worse; NLL per token for perplexity; "
         "labels swapped at random within each prompt): reproduced when p < 0.05 on the claimed side, contradicted "
-        "when p < 0.05 on the other side, inconclusive otherwise.",
+        "when p < 0.05 on the other side, inconclusive otherwise; undecidable at this scale when the two methods "
+        "differ on too few prompts for any outcome to reach p < 0.05 (fewer than 6: the smallest p with k differing "
+        "prompts is 2 / 2^k).", "",
+        "The paper's headline (SDE alone writes low-perplexity, non-repetitive, long text) is judged against every "
+        "discrete baseline by two claims: **complete answers** (inside the world's support and not ending "
+        "prematurely, i.e. at least 0.4 x the words of the world's own answer to the prompt) and **perplexity of "
+        "complete answers**, compared on the prompts where both methods wrote one. Per-token perplexity of every "
+        "answer rewards ending early on this world (a short in-support answer scores below the world's own "
+        "samples), so it is reported but is not the headline.",
         "",
         "## Verdicts: the paper's claims at this scale", "", *verdict_lines(verdicts(rows, records)), "",
         "## Open-ended generation: exact perplexity (lower is better)", "", pivot(open_rows, "ppl"), "",
@@ -59,6 +67,10 @@ def render_report(demo: Demo, records, rows, fixclean, models, floors: Any = ())
            "| method | " + " | ".join(f"NFE {n}" for n in sorted({r['nfe'] for r in open_rows})) + " |",
            "|---|" + "|".join("---" for _ in sorted({r['nfe'] for r in open_rows})) + "|",
            *_seed_spread(open_rows), ""] if cfg.sample_seeds > 1 else []),
+        "## Open-ended: complete answers % (in the world's support, not ending prematurely; higher is better)", "",
+        pivot(open_rows, "complete", spec=".0f"), "",
+        "## Open-ended: exact perplexity of the complete answers only (lower is better; – where none is complete)", "",
+        pivot(open_rows, "ppl_complete"), "",
         "## Open-ended: Rep % (adjacent identical words; lower is better)", "", pivot(open_rows, "rep", spec=".1f"), "",
         "## Open-ended: length (words)", "", pivot(open_rows, "len", spec=".1f"), "",
         "## Open-ended: Distinct-2 % (corpus-level: no per-prompt interval)", "", pivot(open_rows, "d2", spec=".1f"), "",

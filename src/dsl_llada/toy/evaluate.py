@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from ..config import REMDM
+from ..config import REMDM, RemaskConfig
 from ..eval import metrics as M
 from ..eval.fix_clean import aggregate_fix_clean, fix_clean_records
 from ..backbones.base import Backbone
 from ..model import DSLModel
 from ..sampling.batches import RowResult, run_batches
 from ..sampling.common import SampleOutput
+from ..sampling.remask import fewest_equivalent_steps
 from ..sampling.registry import SamplerConfig, get_spec, sampler_config
 from ..stats import bootstrap_ratio
 from .tasks import TaskExample, render_prompt, response_words, score_response
@@ -87,37 +88,82 @@ class SamplingMethod(Protocol):
 
 
 def sampled_rows(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig, *,
-                 batch_size: int, seed_of: Callable[[int], int]) -> Iterator[tuple[RowResult, SampleOutput]]:
-    """Every prompt's row with its sampler call's output (`run_batches` without retries: a failing call raises)."""
-    for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False, seed_of=seed_of):
+                 batch_size: int, seed_of: Callable[[int], int], skip: Collection[int] = ()
+                 ) -> Iterator[tuple[RowResult, SampleOutput]]:
+    """Every prompt's row (but those in `skip`) with its sampler call's output (`run_batches` without retries: a
+    failing call raises)."""
+    for rows in run_batches(model, prompt_ids, config, batch_size=batch_size, retry=False, seed_of=seed_of, skip=skip):
         for r in rows:
             assert r.output is not None  # without retries no row is recorded as failed
             yield r, r.output
 
 
+def seed_free(config: SamplerConfig) -> bool:
+    """True when the sampler draws no random number under `config` and runs a fixed number of steps: greedy
+    (temperature 0) low-confidence remasking without ReMDM's re-mask draws (`remask_step`) and without a confidence
+    threshold (whose batch runs until its slowest row is done). Its tokens are then a function of the prompt alone,
+    whatever the row's seed, and its forward passes are its steps (twice with guidance)."""
+    return (isinstance(config, RemaskConfig) and config.temperature == 0 and config.remasking == "low_confidence"
+            and not config.remdm and config.threshold is None)
+
+
+Reuse = dict[tuple[str, SamplerConfig, tuple[int, ...]], str]
+"""Outputs of seed-free runs kept for reuse: (model key, the config with the fewest equivalent steps, prompt ids) ->
+decoded text."""
+
+
 def sample_records(models: Mapping[str, DSLModel | Backbone], world: ToyWorld, tokenizer,
                    examples: Sequence[TaskExample], methods: Sequence[SamplingMethod], nfes: Sequence[int], *,
                    gen_length: int, batch_size: int = 32, seed: int = 0, on_progress: Callable[[str], None] | None = None,
-                   sample_seed: int = 0) -> list[dict[str, Any]]:
+                   sample_seed: int = 0, reuse: Reuse | None = None) -> list[dict[str, Any]]:
     """One record per (method, NFE, example) with the decoded output and its per-sample metrics. `sample_seed`
-    k > 0 draws another seed per row (the demo's `--seeds K` runs k = 0..K-1; k = 0 is the historical seeding)."""
+    k > 0 draws another seed per row (the demo's `--seeds K` runs k = 0..K-1; k = 0 is the historical seeding).
+
+    A seed-free sampler (`seed_free`) samples a prompt once per model and token sequence: an example whose prompt
+    ids were sampled before with a config of the same tokens (the same config, or one with more steps than a block
+    can use: `remask.fewest_equivalent_steps`), in this call or, through `reuse` (a dict the caller keeps between
+    calls for the same models), in an earlier call or under another sampling seed, gets that output; its record
+    still gives its own seed and its config's forward passes. The first run of such a config samples with its
+    fewest equivalent steps, so steps that would commit nothing are not run either. Skipped rows leave their places
+    in the batch grid empty (`run_batches`' `skip`), so the rows that run keep their batch's prompts and padding
+    and only the batch is smaller; rows do not depend on their batch-mates (`tests/test_toy_evaluate.py` checks
+    the records)."""
     records = []
     prompt_ids = [tokenizer.encode(render_prompt(ex.prompt), add_special_tokens=False) for ex in examples]
     base = seed * 100_003 + sample_seed * 1_000_003
+    kept: Reuse = {} if reuse is None else reuse
     for method in methods:
         model = models[method.model]
         for nfe in nfes:
             config = method.config(nfe, gen_length)
-            for r, output in sampled_rows(model, prompt_ids, config, batch_size=batch_size, seed_of=lambda i: base + i):
+            shared = seed_free(config)
+            same = fewest_equivalent_steps(config) if isinstance(config, RemaskConfig) and shared else config
+            key = [(method.model, same, tuple(ids)) for ids in prompt_ids]
+            skip = {i for i, k in enumerate(key) if shared and (k in kept or k in key[:i])}
+            made: dict[int, tuple[str, int]] = {}
+            # a seed-free config runs as its fewest equivalent steps; its records count its own forward passes
+            own = _seed_free_forwards(config) if shared else None
+            for r, output in sampled_rows(model, prompt_ids, same, batch_size=batch_size, seed_of=lambda i: base + i,
+                                          skip=skip):
                 # truncate_at_eos=False decodes as the authors do (special tokens dropped, text after EOS kept)
                 keep_all = not output.config.get("truncate_at_eos", True)
-                text = tokenizer.decode(r.ids, skip_special_tokens=keep_all)
-                records.append(score_record(world, examples[r.index], text, method=method.name, nfe=nfe,
-                                            seed=r.seed, index=r.index, forward_passes=output.forward_passes,
-                                            **({"sample_seed": sample_seed} if sample_seed else {})))
+                made[r.index] = (tokenizer.decode(r.ids, skip_special_tokens=keep_all),
+                                 output.forward_passes if own is None else own)
+                if shared:
+                    kept[key[r.index]] = made[r.index][0]
+            for i, ex in enumerate(examples):
+                text, passes = made[i] if i in made else (kept[key[i]], _seed_free_forwards(config))
+                records.append(score_record(world, ex, text, method=method.name, nfe=nfe, seed=base + i, index=i,
+                                            forward_passes=passes, **({"sample_seed": sample_seed} if sample_seed else {})))
             if on_progress is not None:
                 on_progress(f"{method.name} NFE {nfe}")
     return records
+
+
+def _seed_free_forwards(config: SamplerConfig) -> int:
+    """The forward passes of a seed-free run (`seed_free`): one per step, two with classifier-free guidance."""
+    assert isinstance(config, RemaskConfig)
+    return config.steps * (2 if config.cfg_scale > 0 else 1)
 
 
 def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -> dict[str, Any]:
@@ -136,11 +182,23 @@ def score_record(world: ToyWorld, ex: TaskExample, raw_text: str, **meta: Any) -
     return rec
 
 
+def is_complete(r: dict[str, Any]) -> bool:
+    """A complete answer: inside the world's support (`in_support`: every word is grammatical there and the world
+    may end the answer where it ends) and not tagged `empty` or `premature_eos` (fewer than 0.4 x the words of the
+    world's own answer to the same prompt, the record's `reference`). A record's own fields decide it."""
+    tags = r["tags"]
+    return bool(r["in_support"]) and not tags.get("empty") and not tags.get("premature_eos")
+
+
 def _per_record(key: str) -> Callable[[dict[str, Any]], float]:
     """A record's contribution to the numerator of metric `key` (its denominator is 1 per record, or the record's
-    token count for 'ppl', whose ratio is the NLL per token)."""
+    token count for 'ppl' and, for complete answers only, 'ppl_complete', whose ratios are NLL per token)."""
     if key == "ppl":
         return lambda r: r["nll_sum"]
+    if key == "ppl_complete":
+        return lambda r: r["nll_sum"] if is_complete(r) else 0.0
+    if key == "complete":
+        return lambda r: 100.0 * is_complete(r)
     if key in ("in_support", "rep"):
         return lambda r: 100.0 * r[key]
     if key == "len":
@@ -152,7 +210,16 @@ def _per_record(key: str) -> Callable[[dict[str, Any]], float]:
     raise KeyError(f"no per-record metric {key!r}")
 
 
-INTERVAL_KEYS = ("ppl", "in_support", "rep", "len", *(f"{t}%" for t in M.FAILURE_TAG_NAMES))
+def _denominator(key: str) -> Callable[[dict[str, Any]], float]:
+    """A record's contribution to the denominator of metric `key` (see `_per_record`)."""
+    if key == "ppl":
+        return lambda r: r["n_tokens"]
+    if key == "ppl_complete":
+        return lambda r: r["n_tokens"] if is_complete(r) else 0.0
+    return lambda r: 1.0
+
+
+INTERVAL_KEYS = ("ppl", "in_support", "complete", "rep", "len", *(f"{t}%" for t in M.FAILURE_TAG_NAMES))
 """Metrics given a 95 % interval in every row (summarisation rows also rouge1, rouge2, rougeL)."""
 
 
@@ -166,9 +233,8 @@ def clusters(rs: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 
 def metric_sums(cs: Sequence[Sequence[dict[str, Any]]], key: str) -> tuple[list[float], list[float]]:
     """Per cluster, the numerator and denominator sums of metric `key` (the metric is sum(num) / sum(den); exp of
-    it for 'ppl')."""
-    num = _per_record(key)
-    den: Callable[[dict[str, Any]], float] = (lambda r: r["n_tokens"]) if key == "ppl" else (lambda r: 1.0)
+    it for 'ppl' and 'ppl_complete')."""
+    num, den = _per_record(key), _denominator(key)
     return [float(sum(num(r) for r in c)) for c in cs], [float(sum(den(r) for r in c)) for c in cs]
 
 
@@ -177,6 +243,8 @@ def _intervals(rs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
     under several seeds stay together), and the per-seed perplexities (`ppl_seeds`) when several seeds ran."""
     cs = list(clusters(rs).values())
     out: dict[str, Any] = {"ppl_ci": bootstrap_ratio(*metric_sums(cs, "ppl"), transform=np.exp), "n_prompts": len(cs)}
+    if any(is_complete(r) for r in rs):
+        out["ppl_complete_ci"] = bootstrap_ratio(*metric_sums(cs, "ppl_complete"), transform=np.exp)
     for key in INTERVAL_KEYS[1:] + (("rouge1", "rouge2", "rougeL") if task == "summarize" else ()):
         out[f"{key}_ci"] = bootstrap_ratio(*metric_sums(cs, key))
     seeds = sorted({r.get("sample_seed", 0) for r in rs})
@@ -186,9 +254,16 @@ def _intervals(rs: Sequence[dict[str, Any]], task: str) -> dict[str, Any]:
     return out
 
 
+def _complete_ppl(rs: Sequence[dict[str, Any]]) -> float | None:
+    """Token-weighted perplexity of the complete answers among `rs` (None when there is none)."""
+    done = [r for r in rs if is_complete(r)]
+    return math.exp(sum(r["nll_sum"] for r in done) / sum(r["n_tokens"] for r in done)) if done else None
+
+
 def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, task, NFE): token-weighted perplexity, Rep, Distinct-2, Len, failure rates, ROUGE, each per-item
-    metric with its 95 % bootstrap interval (`KEY_ci`, see `dsl_llada.stats`)."""
+    """Per (method, task, NFE): token-weighted perplexity (of every answer, and of the complete answers only), the
+    share of complete answers, Rep, Distinct-2, Len, failure rates, ROUGE, each per-item metric with its 95 %
+    bootstrap interval (`KEY_ci`, see `dsl_llada.stats`)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["method"], r["task"], r["nfe"])].append(r)
@@ -199,6 +274,8 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                "ppl": math.exp(sum(r["nll_sum"] for r in rs) / sum(r["n_tokens"] for r in rs)),
                "nll_per_token": sum(r["nll_sum"] for r in rs) / sum(r["n_tokens"] for r in rs),
                "in_support": 100 * float(np.mean([r["in_support"] for r in rs])),
+               "complete": 100 * float(np.mean([is_complete(r) for r in rs])),
+               "n_complete": sum(map(is_complete, rs)), "ppl_complete": _complete_ppl(rs),
                "rep": 100 * float(np.mean([r["rep"] for r in rs])), "d2": 100 * M.distinct_n(outputs, 2),
                "len": float(np.mean([r["len"] for r in rs])), "forward_passes": rs[0]["forward_passes"]}
         row.update({f"{k}%": v for k, v in M.failure_rates([r["tags"] for r in rs]).items()})
