@@ -11,6 +11,12 @@ greedy decoding emits one token everywhere, which would make determinism / batch
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
 import torch
 
 from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
@@ -131,3 +137,35 @@ def toy_backbone_folder(path):
     save_backbone(bb, path)
     tok.save_pretrained(path)
     return path
+
+
+@contextlib.contextmanager
+def first_shown_judge() -> Iterator[tuple[str, list[int]]]:
+    """A local OpenAI-compatible endpoint whose judge always prefers the candidate shown first. Yields its base URL
+    and a list that grows by one per request."""
+    from dsl_llada.eval.judge import AXES
+
+    calls: list[int] = []
+
+    class Judge(BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append(1)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            reply = {"a": dict.fromkeys(AXES, 4), "b": dict.fromkeys(AXES, 2), "overall": "A", "rationale": "first"}
+            data = json.dumps({"choices": [{"message": {"content": json.dumps(reply)}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
+    finally:
+        srv.shutdown()
+        srv.server_close()

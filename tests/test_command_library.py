@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from eval_fixtures import eval_models  # noqa: F401  (session fixture)
-from helpers import toy_backbone_folder
+from helpers import first_shown_judge, toy_backbone_folder
 
 from dsl_llada.config import ConverterConfig, DSLConfig
 from dsl_llada.convert_command import ConvertSettings, run_convert
@@ -84,34 +84,8 @@ def test_eval_run_settings_refuse_contradictions(eval_models, tmp_path):  # noqa
 @pytest.fixture
 def judge_endpoint():
     """An OpenAI-compatible endpoint whose judge always prefers the candidate shown first; counts its calls."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    from dsl_llada.eval.judge import AXES
-
-    calls: list[int] = []
-
-    class Judge(BaseHTTPRequestHandler):
-        def do_POST(self):
-            calls.append(1)
-            self.rfile.read(int(self.headers["Content-Length"]))
-            reply = {"a": dict.fromkeys(AXES, 4), "b": dict.fromkeys(AXES, 2), "overall": "A", "rationale": "first"}
-            data = json.dumps({"choices": [{"message": {"content": json.dumps(reply)}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Judge)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
-    srv.shutdown()
-    srv.server_close()
+    with first_shown_judge() as served:
+        yield served
 
 
 def _judge_runs(tmp_path):

@@ -4,15 +4,14 @@ run A's reference, with a win rate and exit 0), and the authors' reply parser ta
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 from faults_helpers import refused
+from helpers import first_shown_judge
 
 from dsl_llada.cli import main
-from dsl_llada.eval.judge import AXES, Pair, Sample, judgment_record, parse_reply
+from dsl_llada.eval.judge import Pair, Sample, judgment_record, parse_reply
 
 
 def test_authors_parser_gives_nothing_for_a_lowercase_verdict():
@@ -50,35 +49,11 @@ def write_run(folder: Path, rows: list[dict], text: str) -> Path:
     return folder
 
 
-class _Judge(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint whose judge always prefers the candidate shown first."""
-
-    calls = 0
-
-    def do_POST(self):
-        type(self).calls += 1
-        self.rfile.read(int(self.headers["Content-Length"]))
-        verdict = {"a": dict.fromkeys(AXES, 4), "b": dict.fromkeys(AXES, 2), "overall": "A", "rationale": "first"}
-        data = json.dumps({"choices": [{"message": {"content": json.dumps(verdict)}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture
 def endpoint():
-    _Judge.calls = 0
-    srv = HTTPServer(("127.0.0.1", 0), _Judge)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    """An OpenAI-compatible endpoint whose judge always prefers the candidate shown first."""
+    with first_shown_judge() as served:
+        yield served
 
 
 def judge_argv(ra: Path, rb: Path, out: Path, url: str) -> list[str]:
@@ -99,17 +74,19 @@ def test_judge_refuses_runs_holding_other_documents_under_the_same_ids(tmp_path,
     rows = toy_rows()
     ra = write_run(tmp_path / "ra", rows, "summary a")
     rb = write_run(tmp_path / "rb", swap(rows, 3, 5, *fields), "summary b")  # ids 3 and 5 hold each other's
-    line = refused(capsys, judge_argv(ra, rb, tmp_path / "j", endpoint))
+    url, calls = endpoint
+    line = refused(capsys, judge_argv(ra, rb, tmp_path / "j", url))
     assert f"sample id '3' holds a different {what}" in line, line
-    assert _Judge.calls == 0 and not (tmp_path / "j").exists()  # nothing judged, nothing written
+    assert not calls and not (tmp_path / "j").exists()  # nothing judged, nothing written
 
 
 def test_judge_pairs_runs_of_the_same_documents(tmp_path, endpoint, capsys):
     rows = toy_rows()
     ra, rb = write_run(tmp_path / "ra", rows, "summary a"), write_run(tmp_path / "rb", rows, "summary b")
-    assert main(judge_argv(ra, rb, tmp_path / "j", endpoint)) == 0
+    url, calls = endpoint
+    assert main(judge_argv(ra, rb, tmp_path / "j", url)) == 0
     summary = json.loads((tmp_path / "j" / "summary.json").read_text())
-    assert _Judge.calls == N and summary["n_parsed"] == N  # every common id judged once
+    assert len(calls) == N and summary["n_parsed"] == N  # every common id judged once
     shown_first_a = [not json.loads(x)["swap"] for x in (tmp_path / "j" / "judgments.jsonl").read_text().splitlines()]
     assert summary["win"] == 100.0 * sum(shown_first_a) / N  # the judge always picks the candidate shown first
     assert summary["shown_a_rate"] == 1.0
