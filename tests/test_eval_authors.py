@@ -250,7 +250,7 @@ def test_judge_parse_authors_known_outputs():
     assert parse_reply(text, "authors") == obj                            # §5.7: as decoded, nothing added
     assert "rationale" not in parse_reply(text, "authors")
     assert parse_reply(text) is None                                       # ours validates the scores
-    assert parse_reply(text.replace('"tie"', '"Tie"'), "authors")["overall"] == "Tie"  # verdict case kept
+    assert parse_reply(text.replace('"tie"', '"Tie"'), "authors") is None  # §5.7: overall exactly "A", "B" or "tie"
     assert parse_reply('{"overall": "A"} {"overall": "B"}', "authors") is None  # greedy span is not one object
     assert parse_reply('x {"overall": "B", "a": {"factuality": 2}} y', "authors") == {
         "overall": "B", "a": {"factuality": 2}}
