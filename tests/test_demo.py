@@ -249,3 +249,28 @@ def test_controls_train_as_many_updates_as_the_dsl_stage_took(tmp_path, monkeypa
         demo.adapted(base, train, objective)
     assert seen == {"mdm": dsl_steps, "xdlm": dsl_steps}
     assert DemoConfig().cpt.steps not in seen.values()
+
+
+def test_report_holds_the_tv_distance_of_both_samplers_and_both_denoisers(quick_report):
+    floor = json.loads((quick_report / "bayes_floor.json").read_text())
+    rows = floor["tv"]
+    assert {(r["method"], r["denoiser"]) for r in rows} == {("DSL-SDE", "trained"), ("DSL-SDE", "oracle"),
+                                                            ("LLaDA", "trained"), ("LLaDA", "oracle")}
+    assert len(rows) == 4 * 3 and {r["nfe"] for r in rows} == {4, 16, 64}  # the quick demo's NFEs
+    for r in rows:
+        assert r["documents"] == 2 and r["n"] == 8
+        assert 0.0 <= r["lo"] <= r["tv"] <= r["hi"] <= 1.0 and 0.0 < r["floor"] < 1.0
+    report = (quick_report / "report.md").read_text()
+    assert "## Output distributions against the exact distribution (total variation" in report
+    assert report.count("| DSL-SDE | oracle |") == 1 and report.count("| LLaDA | trained |") == 1
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("tv_documents", 25, "tv_documents=25 must be an integer from 0 to n_eval_summarize (24)"),
+    ("tv_samples", 0, "tv_samples=0 must be an integer from 1 to 1024"),
+])
+def test_tv_table_sizes_are_bounded(field, value, message):
+    from dsl_llada.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DemoConfig(**{field: value})

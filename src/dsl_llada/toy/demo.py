@@ -44,6 +44,7 @@ from .tokenizer import build_tokenizer, special_tokens
 from .world import ToyWorld, ToyWorldConfig
 from .bayes_floor import dsl_excess
 from .demo_report import render_report
+from .diagnose import tv_rows
 from .demo_train import TrainStage, longest_prompt, run_stage, train_conversations
 from .floor_report import floor_rows, held_out, plot_excess
 from .oracle import oracle_models
@@ -93,6 +94,12 @@ class DemoConfig(ConfigBase):
     n_eval_open: int = 48
     n_eval_summarize: int = 24
     nfes: tuple = (4, 8, 16, 32, 64)
+    tv_documents: int = 4
+    """Summarisation documents of the TV-distance table (`toy.diagnose.tv_rows`: each sampler's output distribution
+    against the document's exact summary distribution, trained and oracle denoisers, at every NFE); 0 = no table.
+    Runs with the oracle measurements."""
+    tv_samples: int = 16
+    """Samples per document and (sampler, denoiser, NFE) of the TV table."""
     batch_size: int = 48
     dtype: str = "float32"
     """Backbone dtype of the evaluation stages (sampling, error correction): 'float32' or 'bfloat16' (the paper's
@@ -112,6 +119,11 @@ class DemoConfig(ConfigBase):
                f"cpt_check_every={self.cpt_check_every!r} must be an integer from 1 to 100000")
         _check(isinstance(self.n_heldout, int) and 1 <= self.n_heldout <= 10_000,
                f"n_heldout={self.n_heldout!r} must be an integer from 1 to 10000")
+        _check(isinstance(self.tv_documents, int) and 0 <= self.tv_documents <= self.n_eval_summarize,
+               f"tv_documents={self.tv_documents!r} must be an integer from 0 to n_eval_summarize "
+               f"({self.n_eval_summarize})")
+        _check(isinstance(self.tv_samples, int) and 1 <= self.tv_samples <= 1024,
+               f"tv_samples={self.tv_samples!r} must be an integer from 1 to 1024")
 
     @classmethod
     def preset(cls, *, quick: bool, controls: bool = False, seed: int = 0, sample_seeds: int = 1,
@@ -126,6 +138,7 @@ class DemoConfig(ConfigBase):
             return cls(seed=seed, controls=controls, sample_seeds=sample_seeds, dtype=dtype, pretrained=pretrained)
         return cls(seed=seed, quick=True, controls=controls, sample_seeds=sample_seeds, dtype=dtype,
                    n_eval_open=16, n_eval_summarize=8, nfes=(4, 16, 64), n_heldout=16, cpt_target_excess=0.0,
+                   tv_documents=2, tv_samples=8,
                    pretrained=pretrained,
                    cpt=TrainStage(objective="dsl", steps=150, lr=1e-3, warmup=10))
 
@@ -189,6 +202,8 @@ class Demo:
         self.stops: dict[str, dict[str, Any]] = {}
         """Per continue-pretraining stage that ran to a target: its checks of the excess loss and where it ended."""
         self._heldout: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tv: list[dict[str, Any]] = []
+        """The TV-distance rows of this run (`toy.diagnose.tv_rows`), when the oracle measurements ran."""
         self.run_id = new_run_id()
         """This run's id, in its config.json, bayes_floor.json and report.md (`run_files`)."""
 
@@ -375,6 +390,13 @@ class Demo:
             t = time.perf_counter()
             floors = floor_rows(models, self.world, self.special, *self.heldout(), seed=self.cfg.seed)
             self.timings["bayes_floor_s"] = time.perf_counter() - t
+            if self.cfg.tv_documents:
+                self.echo("      output distributions against the exact summary distributions (TV distance)")
+                t = time.perf_counter()
+                docs = [e for e in evals if e.task == "summarize"][: self.cfg.tv_documents]
+                self.tv = tv_rows(sampling_models, self.world, self.tok, docs, nfes=self.cfg.nfes,
+                                  n=self.cfg.tv_samples, seed=self.cfg.seed, batch_size=len(docs) * self.cfg.tv_samples)
+                self.timings["tv_s"] = time.perf_counter() - t
         self.echo("[4/4] writing the report")
         self.timings["total_s"] = time.perf_counter() - t0
         self.write(records, rows, fixclean, models, floors)
@@ -452,6 +474,6 @@ class Demo:
             plot_nfe_curves(open_rows, stage / "nfe_curve.png", title="Toy world, open-ended generation")
             if floors:
                 atomic_write_text(stage / "bayes_floor.json", json.dumps(
-                    {"run_id": self.run_id, "rows": list(floors), "stops": self.stops}, indent=1))
+                    {"run_id": self.run_id, "rows": list(floors), "stops": self.stops, "tv": self.tv}, indent=1))
                 plot_excess(floors, stage / "excess_loss.png")
             atomic_write_text(stage / "report.md", render_report(self, records, rows, fixclean, models, floors))
