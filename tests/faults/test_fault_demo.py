@@ -122,9 +122,9 @@ def micro_run(tmp_path_factory):
         captured.update(records=records, rows=rows, fixclean=fixclean, models=models, floors=floors,
                         truth_rows=self.truth_rows)
 
-    mp.setattr(Demo, "write", capture)
     cfg = DemoConfig(n_train=8, d_model=16, n_layers=1, n_heads=2, noise_dim=8, n_eval_open=2, n_eval_summarize=1,
-                     nfes=(4,), n_heldout=2, batch_size=4, cpt_target_excess=0.0)
+                     nfes=(4,), n_heldout=2, batch_size=4, cpt_target_excess=0.0, tv_documents=1, tv_samples=2)
+    mp.setattr(Demo, "write", capture)
     try:
         Demo(cfg, tmp_path_factory.mktemp("micro") / "demo", progress=False, echo=lambda s: None).run()
     finally:
