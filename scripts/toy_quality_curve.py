@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,13 +26,10 @@ import torch
 
 from dsl_llada.config import ConverterConfig, DSLConfig
 from dsl_llada.model import DSLModel
-from dsl_llada.numerics import deterministic_algorithms
 from dsl_llada.toy.bayes_floor import dsl_curve, dsl_excess
 from dsl_llada.toy.demo import Demo, DemoConfig
-from dsl_llada.toy.demo_train import _param_groups, sft_tensors
+from dsl_llada.toy.demo_train import run_stage
 from dsl_llada.toy.evaluate import Method, aggregate, sample_records
-from dsl_llada.toy.shipped import load_pretrained
-from dsl_llada.train.objectives import get_objective
 
 METHODS = (Method("DSL-SDE", "dsl", "sde"), Method("DSL-Remask", "dsl", "remask"))
 SNRS = (0.3, 1.0, 3.0, 7.0, 16.0, 32.0, 74.0)
@@ -48,13 +46,9 @@ def _setup():
 
 
 def _base(demo, train, folder: str | None):
+    """The demo's own pretrained model (the shipped one for its configuration), or a backbone folder."""
     if folder is None:
-        key = {"stage": "pretrain", "cfg": demo.cfg.pretrain.to_dict(), "arch": [demo.cfg.d_model, demo.cfg.n_layers,
-               demo.cfg.n_heads], "n_train": demo.cfg.n_train, "seed": demo.cfg.seed, "world": demo.world.config.to_dict()}
-        base = load_pretrained(key, demo.special)
-        if base is None:
-            raise SystemExit("error: the shipped base does not match the demo's configuration")
-        return base
+        return demo.pretrained(train)
     from dsl_llada.loading import load_model
     return load_model(Path(folder), special=demo.special)
 
@@ -78,37 +72,29 @@ def run(args) -> int:
                              DSLConfig(converter=ConverterConfig(noise_dim=demo.cfg.noise_dim, beta_init=1.0,
                                                                  noise_seed=demo.cfg.seed)))
     stage = demo.cfg.cpt.replace(steps=max(args.points))
-    objective = get_objective("dsl", mask_prompt=True)
-    block = demo._block(train)
-    ids, plens = sft_tensors(demo.tok, train, demo.gen_length, block)
-    opt = torch.optim.AdamW(_param_groups(model, stage), betas=(0.9, 0.999), eps=1e-8)
-    gen = torch.Generator().manual_seed(demo.cfg.seed + 1)  # the demo's DSL stage: the same draws, the same model
     ema = copy.deepcopy(model) if args.ema else None
     t0 = time.time()
-    model.train()
-    with deterministic_algorithms():
-        for step in range(stage.steps):
-            for g in opt.param_groups:
-                g["lr"] = g["base_lr"] * min(1.0, (step + 1) / stage.warmup)
-            idx = torch.randint(0, ids.shape[0], (stage.batch_size,), generator=gen)
-            out = objective(model, {"input_ids": ids[idx], "prompt_length": plens[idx]}, gen)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), stage.max_grad_norm)
-            opt.step()
-            if ema is not None:
-                with torch.no_grad():
-                    d = min(args.ema, (1 + step) / (10 + step))
-                    for pe, pm in zip(ema.parameters(), model.parameters()):
-                        pe.mul_(d).add_(pm.detach(), alpha=1 - d)
-            if step + 1 in args.points:
-                m = ema if ema is not None else model
-                m.eval()
-                rec = _evaluate(demo, evals, m, args.name, step + 1, t0, args)
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                print(json.dumps({k: rec[k] for k in ("name", "step", "excess")}), flush=True)
-                model.train()
+
+    def average(step: int, m: torch.nn.Module) -> None:
+        if ema is not None:
+            with torch.no_grad():
+                d = min(args.ema, step / (9 + step))
+                for pe, pm in zip(ema.parameters(), m.parameters()):
+                    pe.mul_(d).add_(pm.detach(), alpha=1 - d)
+
+    def evaluate(step: int, m: torch.nn.Module) -> bool:
+        if step in args.points:
+            target = ema.eval() if ema is not None else m
+            rec = _evaluate(demo, evals, target, args.name, step, t0, args)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(json.dumps({k: rec[k] for k in ("name", "step", "excess")}), flush=True)
+        return False
+
+    # the demo's DSL stage itself (`run_stage`, seed + 1): the same draws, the same model at every update
+    run_stage(model, demo.tok, train, stage, seed=demo.cfg.seed + 1, block_size=demo._block(train),
+              gen_length=demo.gen_length, progress=False, check=evaluate, check_every=math.gcd(*args.points),
+              on_update=average)
     return 0
 
 

@@ -274,3 +274,20 @@ def test_tv_table_sizes_are_bounded(field, value, message):
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         DemoConfig(**{field: value})
+
+
+def test_run_stage_calls_on_update_after_every_update_and_before_check(tmp_path):
+    from dsl_llada.toy.demo import Demo
+    from dsl_llada.toy.demo_train import TrainStage, run_stage
+
+    demo = Demo(DemoConfig(d_model=16, n_layers=1, n_heads=2, noise_dim=8, n_train=8), tmp_path, progress=False,
+                echo=lambda *a: None)
+    train = demo.corpora(1, 1)[0]
+    events: list[tuple[str, int]] = []
+    curve = run_stage(demo._fresh_backbone(), demo.tok, train, TrainStage(objective="mdm", steps=4, batch_size=2,
+                                                                           warmup=1),
+                      seed=0, block_size=demo._block(train), gen_length=demo.gen_length, progress=False,
+                      check=lambda step, m: events.append(("check", step)) or step == 3, check_every=3,
+                      on_update=lambda step, m: events.append(("update", step)))
+    assert len(curve) == 3  # the check at update 3 ended the stage
+    assert events == [("update", 1), ("update", 2), ("update", 3), ("check", 3)]

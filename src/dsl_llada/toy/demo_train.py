@@ -91,11 +91,14 @@ def _param_groups(model: torch.nn.Module, stage: TrainStage) -> list[dict[str, A
 
 StopCheck = Callable[[int, torch.nn.Module], bool]
 """`check(updates_done, model)`: called every `check_every` updates (model in eval mode); True ends the stage."""
+OnUpdate = Callable[[int, torch.nn.Module], None]
+"""`on_update(updates_done, model)`: called after every optimizer update, before `check` (e.g. to keep a moving
+average of the weights); it must not change the model."""
 
 
 def run_stage(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
               block_size: int, gen_length: int = 48, progress: bool = True, desc: str = "train",
-              check: StopCheck | None = None, check_every: int = 0) -> list[float]:
+              check: StopCheck | None = None, check_every: int = 0, on_update: OnUpdate | None = None) -> list[float]:
     """Train `model` in place for `stage.steps` updates (fewer when `check` ends the stage); returns the loss curve.
     Runs with deterministic algorithms (`numerics.deterministic_algorithms`), so the same seed gives the same
     checkpoint on the same machine whatever the thread timing (the demo trains on the CPU; on a CUDA device set
@@ -103,12 +106,12 @@ def run_stage(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample]
     generator on every device; the objective's noise from a generator on the model's device."""
     with deterministic_algorithms():
         return _train(model, tokenizer, examples, stage, seed=seed, block_size=block_size, gen_length=gen_length,
-                      progress=progress, desc=desc, check=check, check_every=check_every)
+                      progress=progress, desc=desc, check=check, check_every=check_every, on_update=on_update)
 
 
 def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], stage: TrainStage, *, seed: int,
            block_size: int, gen_length: int, progress: bool, desc: str, check: StopCheck | None = None,
-           check_every: int = 0) -> list[float]:
+           check_every: int = 0, on_update: OnUpdate | None = None) -> list[float]:
     ids, plens = sft_tensors(tokenizer, examples, gen_length, block_size)
     options: dict[str, Any] = {"stratified_t": True} if stage.stratified_t else {}
     if stage.snr_per_token:
@@ -135,6 +138,8 @@ def _train(model: DSLModel | Backbone, tokenizer, examples: list[TaskExample], s
         torch.nn.utils.clip_grad_norm_(model.parameters(), stage.max_grad_norm)
         opt.step()
         curve.append(float(out.loss.detach()))
+        if on_update is not None:
+            on_update(step + 1, model)
         if progress and hasattr(bar, "set_postfix") and step % 10 == 0:
             recent = curve[-20:]
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
