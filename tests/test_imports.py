@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,72 @@ def test_the_train_import_check_sees_every_form_of_toy_import(tmp_path):
     assert sorted(found) == ["pkg.train.a", "pkg.train.b", "pkg.train.c", "pkg.train.d"]
     assert found["pkg.train.a"] == {"pkg.toy.world", "pkg.toy.world.W"}
     assert found["pkg.train.b"] == {"pkg.toy"}
+
+
+def design_floors(design: str) -> dict[str, int]:
+    """The floors table of docs/design.md ("## Modules (floors ...)"): each `name.py`, `pkg/` or `pkg/__main__.py`
+    it names -> its floor ('top' is above every number)."""
+    section = design.split("## Modules (floors")[1].split("\n## ")[0]
+    floors: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not re.fullmatch(r"\d+|top", cells[0]):
+            continue
+        for name in re.findall(r"`([\w/]+(?:\.py|/))`", cells[1]):
+            floors[name] = 1_000 if cells[0] == "top" else int(cells[0])
+    return floors
+
+
+def floor_of(module: str, package: str, floors: dict[str, int]) -> int | None:
+    """A module's floor: its own file's entry (`train/__main__.py`), else its top-level package's (`train/`) or
+    file's (`loading.py`); the package root is floor 0. None when the table does not place it."""
+    parts = module.split(".")[1:] if module != package else []
+    if not parts:
+        return 0
+    own = "/".join(parts) + ".py"
+    for key in (own, parts[0] + "/", parts[0] + ".py"):
+        if key in floors:
+            return floors[key]
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], package: str, floors: dict[str, int]) -> list[str]:
+    """Every import that goes to a higher floor, every module the table does not place, and every import between
+    `train` and `eval` (siblings), as readable lines."""
+    problems = [f"{m}: not placed in the floors table" for m in sorted(graph) if floor_of(m, package, floors) is None]
+    for a, deps in sorted(graph.items()):
+        fa = floor_of(a, package, floors)
+        for b in sorted(deps):
+            fb = floor_of(b, package, floors)
+            if fa is not None and fb is not None and fb > fa:
+                problems.append(f"{a} (floor {fa}) imports {b} (floor {fb})")
+            top_a, top_b = a.split(".")[1:2], b.split(".")[1:2]
+            if {*top_a, *top_b} == {"train", "eval"}:
+                problems.append(f"{a} imports its sibling {b}")
+    return problems
+
+
+def test_the_floors_written_in_the_design_hold():
+    root = Path(dsl_llada.__file__).parent
+    floors = design_floors((root.parents[1] / "docs" / "design.md").read_text(encoding="utf-8"))
+    assert {"errors.py", "backbones/", "sampling/", "train/", "eval/", "toy/", "serve/", "cli.py"} <= set(floors)
+    assert floors["errors.py"] < floors["model.py"] < floors["sampling/"] < floors["toy/"] < floors["cli.py"]
+    assert upward_imports(import_graph(root, "dsl_llada"), "dsl_llada", floors) == []
+
+
+def test_the_floor_check_sees_an_upward_import_inside_a_function_and_an_unplaced_module(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from ..high import g\n    return g\n")
+    (pkg / "high.py").write_text("from .low.a import f\n")
+    (pkg / "stray.py").write_text("")
+    floors = design_floors("## Modules (floors: x)\n\n| floor | module | concern |\n|---|---|---|\n"
+                           "| 0 | `low/` | the base |\n| top | `high.py` | the top |\n\n## Next\n| 5 | `stray.py` | no |\n")
+    assert floors == {"low/": 0, "high.py": 1_000}
+    assert upward_imports(import_graph(pkg, "pkg"), "pkg", floors) == [
+        "pkg.stray: not placed in the floors table", "pkg.low.a (floor 0) imports pkg.high (floor 1000)"]
+    (pkg / "low" / "a.py").write_text("def f():\n    return 1\n")
+    floors["stray.py"] = 0
+    assert upward_imports(import_graph(pkg, "pkg"), "pkg", floors) == []
