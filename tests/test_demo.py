@@ -13,7 +13,7 @@ from dsl_llada.cli import main
 from dsl_llada.toy.demo import DemoConfig
 from dsl_llada.toy.demo_command import DemoSettings, run_demo
 from dsl_llada.toy.evaluate import aggregate
-from dsl_llada.toy.verdicts import verdicts
+from dsl_llada.toy.verdicts import pair_verdicts, verdicts
 
 EXPECTED_METHODS = {"DSL-SDE", "DSL-SDE (Alg. 2 as printed)", "DSL-SDE (eta=0)", "LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block",
                     "ReMDM", "DSL-Remask", "Oracle DSL-SDE", "Oracle DSL-SDE (eta=1, beta_inf=beta)", "Oracle LLaDA"}
@@ -84,12 +84,18 @@ def test_report_gives_intervals_verdicts_and_the_environment(quick_report):
     assert {v["worse"] for v in vs if v["metric"] == "complete"} == {"LLaDA", "LLaDA+EOS", "LLaDA+EOS+Block", "ReMDM",
                                                                      "Oracle LLaDA"}
     assert sum(v["better"] == "Oracle DSL-SDE" and v["worse"] == "Oracle LLaDA" for v in vs) == 6 * n_nfe
-    lines = [ln for ln in text.splitlines() if ln.strip().startswith("- NFE ")]
-    assert all(ln.endswith(("**reproduced**", "**contradicted**", "**inconclusive**")) or
-               "-> **undecidable at this scale** (the two differ on " in ln for ln in lines)
-    # one line per decided verdict, one per method pair for the undecidable ones
-    pairs = {(v["claim"], v["better"], v["worse"]) for v in vs if v["verdict"] == "undecidable at this scale"}
-    assert len(lines) == sum(v["verdict"] != "undecidable at this scale" for v in vs) + len(pairs)
+    section = text.split("## Verdicts: the paper's claims at this scale")[1].split("\n## ")[0].splitlines()
+    pair_lines = [ln for ln in section if ln.startswith("  - ")]
+    nfe_lines = [ln for ln in section if ln.startswith("    - NFE ")]
+    # one line per method pair, with its verdict; one per tested NFE, one per pair for its undecidable NFEs
+    pvs = pair_verdicts(vs)
+    assert len(pair_lines) == len(pvs)
+    assert all(any(f"**{word}**" in ln for word in ("reproduced", "contradicted", "inconclusive", "depends on NFE",
+                                                    "undecidable at this scale")) for ln in pair_lines)
+    tested = [v for v in vs if v["verdict"] != "undecidable at this scale"]
+    assert sum(", Holm p = " in ln for ln in nfe_lines) == len(tested)
+    partly = sum(pv["verdict"] != "undecidable at this scale" and bool(pv["undecidable at this scale"]) for pv in pvs)
+    assert len(nfe_lines) == len(tested) + partly
     for heading in ("complete answers %", "exact perplexity of the complete answers only"):
         assert heading in text
     assert "| DSL-SDE | " in text and " [" in text.split("exact perplexity (lower is better)")[1].split("##")[0]

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from dsl_llada.eval.report import markdown_table, pivot
-from dsl_llada.stats import bootstrap_ratio, format_interval, paired_permutation_test, separated, verdict_from_test
+from dsl_llada.stats import (bootstrap_ratio, format_interval, holm_adjust, paired_permutation_test, separated,
+                             verdict_from_test)
 from dsl_llada.toy.evaluate import aggregate
-from dsl_llada.toy.verdicts import verdict_lines, verdicts
+from dsl_llada.toy.verdicts import UNDECIDABLE, verdict_lines, verdicts
 
 
 def test_interval_covers_the_mean_and_is_a_function_of_the_data():
@@ -47,6 +48,21 @@ def test_a_verdict_needs_a_significant_paired_test():
     assert separated((5, 6), (1, 4)) and not separated((1, 4), (4, 6)) and not separated(None, (1, 2))
     assert format_interval(12.345, (11.0, 13.9)) == "12.35 [11.00, 13.90]"
     assert format_interval(None, None) == "–" and format_interval(1.0, None, ".1f") == "1.0"
+
+
+def test_holm_adjusts_in_the_given_order_and_stays_monotone():
+    # sorted: 0.01 x 4 = 0.04, 0.02 x 3 = 0.06, 0.03 x 2 = 0.06 (raised to stay >= 0.06), 0.5 x 1 = 0.5
+    assert holm_adjust([0.5, 0.01, 0.03, 0.02]) == pytest.approx([0.5, 0.04, 0.06, 0.06])
+    assert holm_adjust([0.4, 0.3]) == pytest.approx([0.6, 0.6])  # 0.3 x 2, then 0.4 x 1 raised to 0.6
+    assert holm_adjust([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+    assert holm_adjust([0.02]) == [0.02] and holm_adjust([]) == []  # one test: unchanged
+    # the family-wise rule is stricter than each test alone: 0.03 passes alone, not as one of two
+    assert holm_adjust([0.03, 0.2])[0] == pytest.approx(0.06)
+
+
+def test_holm_refuses_what_is_not_a_p_value():
+    with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\], got \[0.1, 1.5\]"):
+        holm_adjust([0.1, 1.5])
 
 
 def _records(method: str, nll: float, n: int, *, spread: float = 0.0, seeds: int = 1) -> list[dict]:
@@ -123,7 +139,9 @@ def test_paired_verdicts_judge_methods_that_differ_by_a_shift_per_prompt():
     assert v["verdict"] == "reproduced" and v["difference"] == pytest.approx(-0.05) and v["p"] < 1e-3
     swapped = [{**r, "method": {"DSL-SDE": "LLaDA", "LLaDA": "DSL-SDE"}[r["method"]]} for r in records]
     assert next(v for v in verdicts(aggregate(swapped), swapped) if v["metric"] == "ppl")["verdict"] == "contradicted"
-    assert "; paired NLL/token -0.05, p = 0.0001 -> **reproduced**" in "\n".join(verdict_lines(verdicts(rows, records)))
+    text = "\n".join(verdict_lines(verdicts(rows, records)))
+    assert "  - DSL-SDE vs LLaDA: **reproduced** (reproduced at NFE 8)\n" in text
+    assert "; paired NLL/token -0.05, p = 0.0001, Holm p = 0.0001 -> reproduced" in text
 
 
 def _rec(method: str, i: int, *, nfe: int = 4, nll: float = 4.0, n: int = 4, support: float = 1.0,
@@ -144,7 +162,7 @@ def test_a_claim_no_outcome_could_decide_is_undecidable_once_for_all_its_nfes():
     assert [v["differing"] for v in vs] == [0] * 5 and [v["p"] for v in vs] == [None] * 5
     text = "\n".join(verdict_lines(verdicts(aggregate(records), records)))
     rep = text.split("repeats adjacent words less than LLaDA remasking:\n")[1].split("\n- ")[0].splitlines()
-    assert rep == ["  - NFE 4 / 8 / 16 / 32 / 64: DSL-SDE vs LLaDA -> **undecidable at this scale** (the two differ on "
+    assert rep == ["  - DSL-SDE vs LLaDA, NFE 4 / 8 / 16 / 32 / 64: **undecidable at this scale** (the two differ on "
                    "0 of 30 / 0 of 30 / 0 of 30 / 0 of 30 / 0 of 30 prompts; a paired test over k differing prompts "
                    "cannot reach p < 0.05 unless k >= 6)"]
     assert "NFE 64: DSL-SDE" in text and "**inconclusive**" not in text  # perplexity is decided at every NFE
@@ -186,7 +204,8 @@ def test_the_headline_counts_complete_answers_and_compares_their_perplexity_wher
     assert fair["value_better"] == pytest.approx(math.exp(1.2)) and fair["value_worse"] == pytest.approx(math.e)
     assert vs[("ppl", "LLaDA")]["verdict"] == "contradicted"
     text = "\n".join(verdict_lines(verdicts(rows, records)))
-    assert "- DSL-SDE writes complete, in-support answers more often than LLaDA:\n  - NFE 4: DSL-SDE 86 [" in text
+    assert ("- DSL-SDE writes complete, in-support answers more often than LLaDA:\n  - DSL-SDE vs LLaDA: **reproduced** "
+            "(reproduced at NFE 4)\n    - NFE 4: DSL-SDE 86 [") in text
     assert "(the two differ on 2 of 2 prompts where both are complete;" in text
 
 
@@ -200,4 +219,64 @@ def test_complete_answer_perplexity_is_judged_on_the_matched_prompts():
     assert (v["n_prompts"], v["differing"], v["verdict"]) == (20, 20, "reproduced")
     assert v["difference"] == pytest.approx(-0.1) and v["p"] < 1e-3
     assert v["value_better"] == pytest.approx(math.exp(1.0 + 0.05 * 9.5))
-    assert "on 20 prompts; paired NLL/token -0.10, p = 0.0001 -> **reproduced**" in "\n".join(verdict_lines([v]))
+    assert "on 20 prompts; paired NLL/token -0.10, p = 0.0001, Holm p = 0.0001 -> reproduced" in "\n".join(verdict_lines([v]))
+
+
+def _family(shifts: dict[int, float], n: int = 30, *, noise: float = 1.0, seed: int = 3) -> list[dict]:
+    """DSL-SDE and LLaDA on n prompts at each NFE of `shifts`: LLaDA's NLL per token is DSL-SDE's plus the NFE's
+    shift plus per-prompt noise (a fixed draw), so a shift of 0 is a true null."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for nfe, shift in shifts.items():
+        for i in range(n):
+            base = 1.0 + 0.05 * i
+            out += [_rec("DSL-SDE", i, nfe=nfe, nll=4 * base),
+                    _rec("LLaDA", i, nfe=nfe, nll=4 * (base + shift + noise * float(rng.normal())))]
+    return out
+
+
+def test_a_claims_nfes_are_one_family_and_holm_corrects_them():
+    """Five NFEs; only NFE 4 has a true shift, large enough to stay significant after the correction. Every tested
+    NFE's p is raised to its Holm value, the verdicts follow the adjusted p, and the pair's verdict names NFE 4."""
+    from dsl_llada.toy.verdicts import pair_verdicts
+    records = _family({4: 2.0, 8: 0.0, 16: 0.0, 32: 0.0, 64: 0.0})
+    vs = [v for v in verdicts(aggregate(records), records) if v["metric"] == "ppl"]
+    ps = [v["p"] for v in vs]
+    assert [v["p_holm"] for v in vs] == pytest.approx(holm_adjust(ps))
+    assert all(v["p_holm"] >= v["p"] for v in vs)
+    assert [v["verdict"] for v in vs] == ["reproduced"] + ["inconclusive"] * 4
+    (pv,) = [pv for pv in pair_verdicts(vs)]
+    assert (pv["verdict"], pv["reproduced"], pv["contradicted"], pv["tested"]) == ("reproduced", [4], [], 5)
+
+
+@pytest.mark.parametrize("seed,shift", [(3, 0.4), (4, 0.6)])
+def test_a_p_below_005_alone_is_not_a_verdict_in_a_family_of_five(seed, shift):
+    """One NFE with a modest shift (raw p between 0.01 and 0.05 for both noise draws) among four nulls: significant
+    alone, not after the correction; the pair is inconclusive."""
+    from dsl_llada.toy.verdicts import pair_verdicts
+    records = _family({4: shift, 8: 0.0, 16: 0.0, 32: 0.0, 64: 0.0}, seed=seed)
+    vs = [v for v in verdicts(aggregate(records), records) if v["metric"] == "ppl"]
+    assert 0.01 < vs[0]["p"] < 0.05 and vs[0]["p_holm"] >= 0.05
+    assert {v["verdict"] for v in vs} == {"inconclusive"}
+    assert pair_verdicts(vs)[0]["verdict"] == "inconclusive"
+    text = "\n".join(verdict_lines(vs))
+    assert "  - DSL-SDE vs LLaDA: **inconclusive** (no NFE of 5 tested is significant after Holm's correction)" in text
+
+
+def test_opposite_significant_nfes_make_a_claim_depend_on_nfe_and_undecidable_nfes_leave_the_family():
+    """DSL-SDE better at NFE 4, worse at NFE 16; at NFE 8 the two are identical on every prompt (undecidable): the
+    family has two tests, and the pair's verdict names both sides."""
+    from dsl_llada.toy.verdicts import pair_verdicts
+    records = _family({4: 2.0, 8: 0.0, 16: -2.0}, noise=0.5)
+    records = [r if not (r["nfe"] == 8 and r["method"] == "LLaDA") else {**r, "nll_sum": 4 * (1.0 + 0.05 * r["index"])}
+               for r in records]
+    vs = [v for v in verdicts(aggregate(records), records) if v["metric"] == "ppl"]
+    assert [v["verdict"] for v in vs] == ["reproduced", "undecidable at this scale", "contradicted"]
+    tested = [v for v in vs if v["p"] is not None]
+    assert [v["p_holm"] for v in tested] == pytest.approx(holm_adjust([v["p"] for v in tested]))  # m = 2, not 3
+    pv = pair_verdicts(vs)[0]
+    assert (pv["verdict"], pv["reproduced"], pv["contradicted"], pv[UNDECIDABLE], pv["tested"]) == (
+        "depends on NFE", [4], [16], [8], 2)
+    text = "\n".join(verdict_lines(vs))
+    assert "  - DSL-SDE vs LLaDA: **depends on NFE**: reproduced at NFE 4; contradicted at NFE 16\n" in text
+    assert "    - NFE 8: undecidable at this scale (the two differ on 0 of 30 prompts;" in text

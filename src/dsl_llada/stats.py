@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 __all__ = ["ALPHA", "BOOTSTRAP_SEED", "PERMUTATIONS", "RESAMPLES", "bootstrap_ratio", "format_interval",
-           "paired_permutation_test", "seed_spread", "separated", "verdict_from_test"]
+           "holm_adjust", "paired_permutation_test", "seed_spread", "separated", "verdict_from_test"]
 
 BOOTSTRAP_SEED = 20_260_518
 """Seed of the resampling (fixed: the same records always give the same interval)."""
@@ -75,6 +75,23 @@ def paired_permutation_test(a: tuple[Sequence[float], Sequence[float]], b: tuple
                 - np.where(swap, an, bn).sum(axis=1) / np.where(swap, ad, bd).sum(axis=1))
     as_far = np.abs(diff) >= abs(observed) * (1.0 - 1e-9) - 1e-12  # ties (e.g. a swap of equal pairs) count
     return observed, float((1 + np.count_nonzero(as_far)) / (permutations + 1))
+
+
+def holm_adjust(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family of m tests, in the given order: the i-th smallest p times
+    (m - i + 1), made non-decreasing along the sorted order and capped at 1. Rejecting where the adjusted p is
+    below alpha keeps the chance of any false rejection in the family at most alpha, whatever the tests'
+    dependence (Holm 1979)."""
+    values = [float(p) for p in ps]
+    if any(not 0.0 <= p <= 1.0 for p in values):
+        raise ValueError(f"p-values must lie in [0, 1], got {values}")
+    m = len(values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: values[j])):
+        running = max(running, min(1.0, (m - rank) * values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def verdict_from_test(difference: float, p: float, *, lower_is_better: bool, alpha: float = ALPHA) -> str:

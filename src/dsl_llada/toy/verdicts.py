@@ -1,15 +1,23 @@
 """Which of the paper's claims the demo reproduces. Both methods of a claim sample the same held-out prompts, so a
-claim is judged by a paired test: the difference (better - worse) against its distribution when the two methods'
-labels are swapped at random within each prompt (`stats.paired_permutation_test`). A claim is *reproduced* at an
-NFE when p < 0.05 and the difference is on the claimed side, *contradicted* when p < 0.05 on the other side, and
-*inconclusive* otherwise. Perplexity is compared as the difference of NLL per token (log perplexity: the same sign
-as the perplexity difference).
+claim is judged at each NFE by a paired test: the difference (better - worse) against its distribution when the two
+methods' labels are swapped at random within each prompt (`stats.paired_permutation_test`). Perplexity is compared
+as the difference of NLL per token (log perplexity: the same sign as the perplexity difference).
+
+A claim between two methods is one family of tests, one per NFE, and is decided as a family: the p-values are
+adjusted by Holm's step-down correction over the NFEs tested (`stats.holm_adjust`), so the chance that any NFE of
+the family gives a verdict by chance stays at most 0.05. Five uncorrected tests at 0.05 would give one with a
+probability of up to 23 %, and a second training trajectory (another host's kernels round differently) moves such
+chance verdicts between *reproduced* and *inconclusive*. At an NFE the claim is *reproduced* when the adjusted
+p < 0.05 and the difference is on the claimed side, *contradicted* when it is on the other side. The pair's verdict
+is *reproduced* (or *contradicted*) when some NFE is and none goes the other way, *depends on NFE* when both occur
+(naming the NFEs of each), and *inconclusive* when no NFE is significant.
 
 A claim is *undecidable at this scale* at an NFE when no outcome of the test could reach p < 0.05: only the prompts
 on which the two methods' values differ move the statistic, and with k such prompts the two-sided p is at least
 2 / 2^k (the observed labelling and its mirror image are always as extreme), which is 0.0625 at k = 5. Rep with
-no adjacent repeat on any prompt by either method is the common case. Such a claim gets one line naming every NFE
-it covers, not one inconclusive line per NFE.
+no adjacent repeat on any prompt by either method is the common case. Such NFEs are left out of the family (a test
+that cannot reject adds no chance verdict), and a pair with no other NFE is undecidable as a whole: one line names
+every NFE it covers.
 
 The paper's headline (SDE "is the only method that achieves low PPL, low repetition, and long output
 simultaneously") is judged against every discrete baseline the demo runs, by two claims that per-token perplexity
@@ -30,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import ALPHA, bootstrap_ratio, format_interval, paired_permutation_test, verdict_from_test
+from ..stats import ALPHA, bootstrap_ratio, format_interval, holm_adjust, paired_permutation_test, verdict_from_test
 from .evaluate import clusters, metric_sums
 
 
@@ -70,6 +78,8 @@ CLAIMS = (
 )
 
 UNDECIDABLE = "undecidable at this scale"
+DEPENDS = "depends on NFE"
+INCONCLUSIVE = "inconclusive"
 
 ORACLE = "Oracle "
 """Prefix of the oracle rows (toy/evaluate.py ORACLE_METHODS): each claim is also judged between the oracle versions of
@@ -134,15 +144,42 @@ def judge(claim: Claim, better: str, worse: str, nfe: int, a: Sequence[dict[str,
                                                f"test can reach with {differing} is {floor:.2g}")
         return out
     diff, p = paired_permutation_test(sa, sb)
-    out.update(difference=diff, p=p, verdict=verdict_from_test(diff, p, lower_is_better=claim.lower_is_better))
+    out.update(difference=diff, p=p, p_holm=p, lower_is_better=claim.lower_is_better,
+               verdict=verdict_from_test(diff, p, lower_is_better=claim.lower_is_better))
     return out
+
+
+def correct_family(family: Sequence[dict[str, Any]]) -> None:
+    """Holm-adjust the p-values of one claim's NFEs between one method pair (`judge` results, in place): each tested
+    NFE gets `p_holm` and the verdict the adjusted p gives."""
+    tested = [v for v in family if v["p"] is not None]
+    for v, adjusted in zip(tested, holm_adjust([v["p"] for v in tested])):
+        v["p_holm"] = adjusted
+        v["verdict"] = verdict_from_test(v["difference"], adjusted, lower_is_better=v["lower_is_better"])
+
+
+def pair_verdict(family: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict on a claim between one method pair from its corrected NFEs (`correct_family`): the verdict, and
+    the NFEs where the claim is reproduced, contradicted, and undecidable."""
+    at = {kind: [v["nfe"] for v in family if v["verdict"] == kind] for kind in ("reproduced", "contradicted", UNDECIDABLE)}
+    if len(at[UNDECIDABLE]) == len(family):
+        verdict = UNDECIDABLE
+    elif at["reproduced"] and at["contradicted"]:
+        verdict = DEPENDS
+    elif at["reproduced"] or at["contradicted"]:
+        verdict = "reproduced" if at["reproduced"] else "contradicted"
+    else:
+        verdict = INCONCLUSIVE
+    first = family[0]
+    return {"claim": first["claim"], "better": first["better"], "worse": first["worse"], "verdict": verdict,
+            "tested": len(family) - len(at[UNDECIDABLE]), **at}
 
 
 def verdicts(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]],
              claims: Sequence[Claim] = CLAIMS) -> list[dict[str, Any]]:
     """One verdict per (claim, method pair, NFE) where both methods have a row and records: the trained pair, then
-    the oracle pair when the rows hold it. `rows` are `aggregate(records)`; the result is a function of the records
-    alone."""
+    the oracle pair when the rows hold it, each pair's NFEs corrected as one family (`correct_family`). `rows` are
+    `aggregate(records)`; the result is a function of the records alone."""
     have = {(r["task"], r["method"], r["nfe"]) for r in rows}
     recs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in records:
@@ -155,36 +192,69 @@ def verdicts(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]],
                 if not all(k in have and recs.get(k) for k in keys):
                     continue
                 out.append(judge(c, better, worse, nfe, recs[keys[0]], recs[keys[1]]))
+    for family in families(out):
+        correct_family(family)
     return out
+
+
+def families(vs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The per-NFE verdicts grouped by (claim, method pair), in order of first appearance."""
+    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for v in vs:
+        grouped.setdefault((v["claim"], v["better"], v["worse"]), []).append(v)
+    return list(grouped.values())
+
+
+def pair_verdicts(vs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One verdict per (claim, method pair) from `verdicts`' output (`pair_verdict`)."""
+    return [pair_verdict(f) for f in families(vs)]
 
 
 def _nfes(vs: Sequence[dict[str, Any]]) -> str:
     return "NFE " + " / ".join(str(v["nfe"]) for v in vs)
 
 
+def _pair_headline(pv: dict[str, Any]) -> str:
+    """'**reproduced** at NFE 4 / 8', '**depends on NFE**: reproduced at NFE 4, contradicted at NFE 16', ..."""
+    def at(kind: str) -> str:
+        return f"{kind} at NFE {' / '.join(str(n) for n in pv[kind])}"
+    if pv["verdict"] == DEPENDS:
+        return f"**{DEPENDS}**: {at('reproduced')}; {at('contradicted')}"
+    if pv["verdict"] in ("reproduced", "contradicted"):
+        return f"**{pv['verdict']}** ({at(pv['verdict'])})"
+    return (f"**{INCONCLUSIVE}** (no NFE of {pv['tested']} tested is significant after Holm's correction)")
+
+
 def verdict_lines(vs: Sequence[dict[str, Any]]) -> list[str]:
-    """Markdown bullet lines: the claim, then per method pair and NFE both values with intervals, the paired
-    difference with its p and the verdict; a pair's undecidable NFEs share one line that gives the reason."""
+    """Markdown bullet lines: the claim; per method pair its verdict (`pair_verdict`), then per tested NFE both
+    values with intervals, the paired difference with its p and Holm-adjusted p; a pair's undecidable NFEs share one
+    line that gives the reason (a pair undecidable at every NFE is that one line)."""
     lines: list[str] = []
     for claim in dict.fromkeys(v["claim"] for v in vs):
         lines.append(f"- {claim}:")
-        of_claim = [v for v in vs if v["claim"] == claim]
-        for pair in dict.fromkeys((v["better"], v["worse"]) for v in of_claim):
-            of_pair = [v for v in of_claim if (v["better"], v["worse"]) == pair]
-            for v in (v for v in of_pair if v["verdict"] != UNDECIDABLE):
+        for family in families([v for v in vs if v["claim"] == claim]):
+            pv = pair_verdict(family)
+            pair = f"{pv['better']} vs {pv['worse']}"
+            stuck = [v for v in family if v["verdict"] == UNDECIDABLE]
+            reason = ""
+            if stuck:
+                counts = " / ".join(f"{v['differing']} of {v['n_prompts']}" for v in stuck)
+                where = " where both are complete" if stuck[0]["metric"] == "ppl_complete" else ""
+                reason = (f"the two differ on {counts} prompts{where}; a paired test over k differing prompts cannot "
+                          f"reach p < {ALPHA:g} unless k >= {MIN_DIFFERING}")
+            if pv["verdict"] == UNDECIDABLE:
+                lines.append(f"  - {pair}, {_nfes(stuck)}: **{UNDECIDABLE}** ({reason})")
+                continue
+            lines.append(f"  - {pair}: {_pair_headline(pv)}")
+            for v in (v for v in family if v["verdict"] != UNDECIDABLE):
                 a = format_interval(v["value_better"], tuple(v["ci_better"]) if v["ci_better"] else None, v["spec"])
                 b = format_interval(v["value_worse"], tuple(v["ci_worse"]) if v["ci_worse"] else None, v["spec"])
                 what = "NLL/token" if v["metric"] in _LOG_METRICS else "difference"
                 where = f" on {v['n_prompts']} prompts" if v["metric"] == "ppl_complete" else ""
-                lines.append(f"  - NFE {v['nfe']}: {v['better']} {a} vs {v['worse']} {b}{where}; paired {what} "
-                             f"{v['difference']:+.2f}, p = {v['p']:.2g} -> **{v['verdict']}**")
-            stuck = [v for v in of_pair if v["verdict"] == UNDECIDABLE]
+                lines.append(f"    - NFE {v['nfe']}: {v['better']} {a} vs {v['worse']} {b}{where}; paired {what} "
+                             f"{v['difference']:+.2f}, p = {v['p']:.2g}, Holm p = {v['p_holm']:.2g} -> {v['verdict']}")
             if stuck:
-                counts = " / ".join(f"{v['differing']} of {v['n_prompts']}" for v in stuck)
-                lines.append(f"  - {_nfes(stuck)}: {pair[0]} vs {pair[1]} -> **{UNDECIDABLE}** (the two differ on "
-                             f"{counts} prompts{' where both are complete' if stuck[0]['metric'] == 'ppl_complete' else ''}; "
-                             f"a paired test over k differing prompts cannot reach p < {ALPHA:g} unless k >= "
-                             f"{MIN_DIFFERING})")
+                lines.append(f"    - {_nfes(stuck)}: {UNDECIDABLE} ({reason})")
     return lines
 
 
