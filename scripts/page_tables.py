@@ -476,7 +476,7 @@ NOT_GENERATED = (
                  "three runs of `bench_percall.py loop` printed without --json"),
     NotGenerated("cpu-sampling.md", "Roofline: one SDE call and one remasking step",
                  f"`bench_percall.py roofline` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "This project vs a restatement of the authors' per-call work",
+    NotGenerated("cpu-sampling.md", "This project vs a restatement of the authors' per-call work: 2 threads, wall time",
                  "measured before the benchmarks kept JSON results (2 threads); `vs_authors_nfe16.json` is a later "
                  "run with other numbers"),
     NotGenerated("cpu-sampling.md", "SDE call: what the exact top-M selection and the reused slot buffer buy",
