@@ -12,6 +12,7 @@ with the reason; ``--lint`` names those and fails on a measurement table that is
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -114,7 +115,8 @@ def walltime_long(r: Results) -> str:
 
 def walltime_by_dataset(r: Results) -> str:
     """`bench_walltime.py --json`: one row per dataset, SDE median (min–max over prompts) at each NFE, the paper's
-    H100 times, and threshold-decoded remasking with its forward passes."""
+    H100 times, and threshold-decoded remasking with its forward passes. The prompt length and generation length of
+    each dataset are read from the script's own table (the JSON holds them only there)."""
     long_rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in str(r["table"]).splitlines()[2:]]
     nfes = [str(n) for n in r["args"]["nfe"]]
     rows = []
@@ -152,17 +154,23 @@ def _secs(x: dict[str, float], digits: int) -> str:
     return f"{x['median']:.{digits}f} ({x['min']:.{digits}f}–{x['max']:.{digits}f})"
 
 
+def _decimals(x: float, significant: int) -> int:
+    """Decimals that show `x` to `significant` figures (0.360, 3.73, 29.1 at three)."""
+    return max(0, significant - 1 - math.floor(math.log10(abs(x)))) if x else significant - 1
+
+
 def threshold_cpu(r: Results) -> str:
-    """`bench_threshold.py --json`: passes, steps per block of each row, and the time per call of both samplers."""
+    """`bench_threshold.py --json`: passes, steps per block of each row, and the time per call of both samplers
+    (three significant figures), and the per-round ratio fixed / threshold (two)."""
     fixed_steps = r["args"]["fixed_steps"]
     rows = []
     for b, x in r["results"].items():
         th, fx, sp = x["threshold"], x["fixed"], x["speedup_vs_fixed"]
-        digits = 3 if th["s_per_call"]["median"] < 1 else 1
-        fdigits = 3 if fx["s_per_call"]["median"] < 1 else 2 if fx["s_per_call"]["median"] < 10 else 1
+        d = _decimals(sp["median"], 2)
         rows.append([b, str(th["forward_passes"]), ", ".join(str(s) for s in th["steps_per_block"]),
-                     f"{th['tokens_per_forward']:.1f}", _secs(th["s_per_call"], digits), _secs(fx["s_per_call"], fdigits),
-                     f"**{sp['median']:.2g}×** ({_range([sp['min'], sp['max']], 2 if sp['max'] < 1 else 1)})"])
+                     f"{th['tokens_per_forward']:.1f}", _secs(th["s_per_call"], _decimals(th["s_per_call"]["median"], 3)),
+                     _secs(fx["s_per_call"], _decimals(fx["s_per_call"]["median"], 3)),
+                     f"**{sp['median']:.{d}f}×** ({_range([sp['min'], sp['max']], d)})"])
     return md(["batch", "threshold: forward passes", "steps per block, per row", "tokens per forward",
                "s per call, median (min–max)", f"fixed {fixed_steps} steps: s per call", "fixed / threshold, per round"],
               rows)
