@@ -141,6 +141,8 @@ def test_write_pages_refuses_unknown_names_and_pages_without_the_block(tmp_path,
     docs = _docs_copy(tmp_path)
     assert D.main(["--write-pages", "nope", "--docs", str(docs)]) == 2
     assert "unknown page table(s) ['nope']" in capsys.readouterr().err
+    assert D.main(["--check-pages", "--docs", str(docs), "--results", str(tmp_path / "none")]) == 2
+    assert f"error: results folder {str(tmp_path / 'none')!r} does not exist; pass --results DIR" in capsys.readouterr().err
     page = docs / "benchmarks" / "serving.md"
     page.write_text(page.read_text().replace("<!-- docs-table: serve-h200-d64 -->\n", ""))
     assert D.main(["--write-pages", "--docs", str(docs)]) == 2
