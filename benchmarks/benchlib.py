@@ -370,6 +370,27 @@ def section_page(title: str, default: str = "cpu-sampling.md") -> Path:
     return PAGES / default
 
 
+_BLOCK = re.compile(r"<!-- docs-table: (\S+) -->\n(\|[^\n]*)\n")
+
+
+def keep_table_blocks(old: str, new: str) -> str:
+    """`new` with the `<!-- docs-table: NAME -->` markers of `old` around the table of the same header, so a table
+    that `scripts/docs_tables.py --write-pages` renders from the results stays registered when its section is
+    rewritten."""
+    for name, header in _BLOCK.findall(old):
+        lines = new.split("\n")
+        if f"<!-- docs-table: {name} -->" in new or header not in lines:
+            continue
+        i = lines.index(header)
+        j = i
+        while j < len(lines) and lines[j].startswith("|"):
+            j += 1
+        lines[j:j] = ["<!-- /docs-table -->"]
+        lines[i:i] = [f"<!-- docs-table: {name} -->"]
+        new = "\n".join(lines)
+    return new
+
+
 def write_section(title: str, body: str, page: str = "cpu-sampling.md") -> None:
     """Replace the `### title` section on its page of docs/benchmarks/ (a new one is appended to `page`),
     atomically."""
@@ -379,7 +400,10 @@ def write_section(title: str, body: str, page: str = "cpu-sampling.md") -> None:
         body = body.strip() + "\n\n" + environment_note()
     section = f"### {title}\n\n{body.strip()}\n"
     pattern = re.compile(rf"^### {re.escape(title)}\n.*?(?=^##+ |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text, count=1) if pattern.search(text) else \
+    old = pattern.search(text)
+    if old is not None:
+        section = keep_table_blocks(old.group(0), section)
+    text = pattern.sub(lambda _: section + "\n", text, count=1) if old is not None else \
         text.rstrip() + "\n\n" + section
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text.rstrip() + "\n")

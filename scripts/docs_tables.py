@@ -7,6 +7,15 @@
                                                     CPU) and exit 1 when a value leaves the 95 % interval the docs
                                                     state for it
     python scripts/docs_tables.py --write [NAME]    re-make registered tables and replace their blocks in docs/
+    python scripts/docs_tables.py --write-pages [NAME]
+                                                    render the benchmark pages' tables (docs/benchmarks/*.md) from
+                                                    the results in benchmarks/results/ into their blocks
+    python scripts/docs_tables.py --check-pages     re-render those tables (JSON only, under a second) and exit 1
+                                                    naming each block that differs from its results
+
+The benchmark pages' tables and their renderers are in `page_tables.py` beside this script; `--lint` also fails on
+a measurement table on those pages that is neither rendered from results nor listed there as not generated (with
+the reason), and prints the listed ones.
 
 A registered table sits in its document between ``<!-- docs-table: NAME -->`` and ``<!-- /docs-table -->``; each
 cell is ``value [low, high]`` (the 95 % bootstrap interval over prompts, `dsl_llada.stats`).
@@ -22,9 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import page_tables  # beside this script (scripts/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout this script runs from (the tables document it)."""
 DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results"
 _CELL = re.compile(r"^\s*(-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]\s*$")
 COMMAND_MARKS = ("Command:", "```bash", "`dsl-llada ", "`python ", "Measured with `", "command:")
 ENVIRONMENT_MARKS = ("Environment:", "predates the environment record")
@@ -204,8 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--lint", action="store_true", help="every number table names its command and environment")
     g.add_argument("--write", nargs="*", metavar="NAME", help=f"re-make tables into docs/ ({', '.join(TABLES)}; "
                                                                "default all)")
+    g.add_argument("--check-pages", action="store_true",
+                   help="re-render the benchmark pages' tables from benchmarks/results/; fail when a block differs")
+    g.add_argument("--write-pages", nargs="*", metavar="NAME",
+                   help="render the benchmark pages' tables from benchmarks/results/ into docs/benchmarks/ (default all)")
     ap.add_argument("--docs", type=Path, default=None,
                     help="the docs folder (default: docs/ of the checkout this script runs from)")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the benchmark results folder (default: benchmarks/results/ of the checkout)")
     a = ap.parse_args(argv)
     global DOCS
     if a.docs is not None:
@@ -213,8 +232,29 @@ def main(argv: list[str] | None = None) -> int:
     if not DOCS.is_dir():
         print(f"error: docs folder {str(DOCS)!r} does not exist; run from a checkout or pass --docs DIR", file=sys.stderr)
         return 2
+    if not a.results.is_dir():
+        print(f"error: results folder {str(a.results)!r} does not exist; pass --results DIR", file=sys.stderr)
+        return 2
     if a.lint:
-        problems = lint(DOCS)
+        page_problems, notes = page_tables.lint_pages(DOCS, _has_measurement_table)
+        for note in notes:
+            print(note)
+        problems = lint(DOCS) + page_problems
+    elif a.check_pages:
+        problems = page_tables.check_pages(DOCS, a.results)
+    elif a.write_pages is not None:
+        unknown = [n for n in a.write_pages if n not in page_tables.TABLES]
+        if unknown:
+            print(f"error: unknown page table(s) {unknown}; known: {sorted(page_tables.TABLES)}", file=sys.stderr)
+            return 2
+        try:
+            changed = page_tables.write_pages(DOCS, a.results, a.write_pages or None)
+        except ValueError as e:
+            print(f"error: {e}; add the block's markers where the table belongs", file=sys.stderr)
+            return 2
+        print(f"wrote {len(changed)} of {len(a.write_pages or page_tables.TABLES)} page table(s) that differed"
+              + (f": {', '.join(changed)}" if changed else ""))
+        return 0
     elif a.check:
         problems = [p for t in TABLES.values() for p in check_table(t)]
     else:

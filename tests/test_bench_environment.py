@@ -145,3 +145,13 @@ def test_a_demo_folder_without_checkpoints_is_one_clear_error_and_nothing_is_tra
     assert r.returncode == 2 and "error: no cached cpt-dsl stage under" in r.stderr, r.stderr
     assert f"run `dsl-llada demo --out {demo}` first" in r.stderr
     assert not (demo / "cache").exists() or not any((demo / "cache").iterdir())  # no stage was trained
+
+
+def test_a_rewritten_section_keeps_its_rendered_tables_registered():
+    old = ("### T\n\nText.\n\n<!-- docs-table: t-one -->\n| a | b |\n|---|---|\n| x | 1 |\n<!-- /docs-table -->\n\n"
+           "<!-- docs-table: t-gone -->\n| c | d |\n|---|---|\n| y | 2 |\n<!-- /docs-table -->\n")
+    new = "### T\n\nNew text.\n\n| a | b |\n|---|---|\n| x | 3 |\n| z | 4 |\n\nAfter.\n"
+    assert benchlib.keep_table_blocks(old, new) == (
+        "### T\n\nNew text.\n\n<!-- docs-table: t-one -->\n| a | b |\n|---|---|\n| x | 3 |\n| z | 4 |\n"
+        "<!-- /docs-table -->\n\nAfter.\n")
+    assert benchlib.keep_table_blocks(old, "### T\n\nNo table.\n") == "### T\n\nNo table.\n"

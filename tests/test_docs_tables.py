@@ -1,8 +1,10 @@
 """`python scripts/docs_tables.py`: docs tables name their command and environment; cheap ones are re-made and
-checked against the intervals the docs state."""
+checked against the intervals the docs state; the benchmark pages' tables are rendered from benchmarks/results/."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import docs_tables as D  # a checkout tool (scripts/), not part of the installed package
+import page_tables as P  # the benchmark pages' tables, beside it
 
 DOC_OK = """# T
 
@@ -80,3 +83,95 @@ def test_cli_lints_a_given_docs_folder_and_refuses_a_missing_one(tmp_path, capsy
     assert D.main(["--lint", "--docs", str(tmp_path)]) == 0
     assert D.main(["--lint", "--docs", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---- the benchmark pages' tables, rendered from benchmarks/results/
+
+
+def _docs_copy(tmp_path):
+    docs = tmp_path / "docs"
+    shutil.copytree(D.DOCS / "benchmarks", docs / "benchmarks")
+    return docs
+
+
+def test_every_page_table_matches_its_results():
+    assert P.check_pages(D.DOCS, D.RESULTS) == []
+    assert len(P.TABLES) == 32 and {t.page for t in P.TABLES.values()} == {
+        "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md"}
+
+
+def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(D, "DOCS", D.DOCS)  # restored after the test (main rebinds it)
+    docs = _docs_copy(tmp_path)
+    page = docs / "benchmarks" / "gpu.md"
+    original = page.read_text()
+    row = "| 8 | 80.4 | 31009.9 | 49.0 % | 0.170 | 5.90 | 755 |"
+    assert original.count(row) == 1
+    page.write_text(original.replace(row, row.replace("| 0.170 |", "| 0.150 |")))
+    assert D.main(["--check-pages", "--docs", str(docs)]) == 1
+    out = capsys.readouterr().out
+    assert ("docs/benchmarks/gpu.md: table 'gpu-batched' differs from benchmarks/results/gpu_h200_8b.json: line 4 "
+            "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
+    assert "FAIL: 1 problem(s)" in out
+    assert D.main(["--write-pages", "--docs", str(docs)]) == 0
+    assert "wrote 1 of 32 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert page.read_text() == original
+    assert D.main(["--check-pages", "--docs", str(docs)]) == 0
+    assert D.main(["--write-pages", "--docs", str(docs)]) == 0
+    assert "wrote 0 of 32" in capsys.readouterr().out
+
+
+def test_a_changed_result_shows_on_its_page(tmp_path):
+    docs, results = _docs_copy(tmp_path), tmp_path / "results"
+    shutil.copytree(D.RESULTS, results)
+    path = results / "threshold_h200.json"
+    r = json.loads(path.read_text())
+    r["results"]["1"]["threshold"]["samples_per_s"] = 3.0
+    path.write_text(json.dumps(r))
+    assert P.check_pages(docs, results) == [
+        "docs/benchmarks/gpu.md: table 'gpu-threshold' differs from benchmarks/results/threshold_h200.json: line 3 "
+        "(row '1'), 'samples/s': page '2.29', results '3.00' (run --write-pages)"]
+    assert P.write_pages(docs, results, ["gpu-threshold"]) == ["gpu-threshold"]
+    assert "| 1 | 20 | 6.4 | 3.00 | 1.48 | **1.59×** (1.55–1.65) |" in (docs / "benchmarks" / "gpu.md").read_text()
+    assert P.check_pages(docs, results) == []
+
+
+def test_write_pages_refuses_unknown_names_and_pages_without_the_block(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(D, "DOCS", D.DOCS)
+    docs = _docs_copy(tmp_path)
+    assert D.main(["--write-pages", "nope", "--docs", str(docs)]) == 2
+    assert "unknown page table(s) ['nope']" in capsys.readouterr().err
+    assert D.main(["--check-pages", "--docs", str(docs), "--results", str(tmp_path / "none")]) == 2
+    assert f"error: results folder {str(tmp_path / 'none')!r} does not exist; pass --results DIR" in capsys.readouterr().err
+    page = docs / "benchmarks" / "serving.md"
+    page.write_text(page.read_text().replace("<!-- docs-table: serve-h200-d64 -->\n", ""))
+    assert D.main(["--write-pages", "--docs", str(docs)]) == 2
+    assert "docs/benchmarks/serving.md has no block for table 'serve-h200-d64'" in capsys.readouterr().err
+    assert D.main(["--check-pages", "--docs", str(docs)]) == 1
+    assert "docs/benchmarks/serving.md: no block for table 'serve-h200-d64'" in capsys.readouterr().out
+
+
+def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
+    (tmp_path / "benchmarks").mkdir()
+    section = "### Run {n}\n\nCommand: `python benchmarks/x.py`\n\n| a | b | c |\n|---|---|---|\n| r1 | 1.0 | 2 % |\n" \
+              "| r2 | 3.5 | 4 % |\n\nEnvironment: dsl-llada 0.1.0\n\n"
+    (tmp_path / "benchmarks" / "p.md").write_text("# P\n\n" + section.format(n=1) + section.format(n=2)
+                                                  + "### Run 3\n\n<!-- docs-table: t -->\n| a | b |\n|---|---|\n"
+                                                    "| r | 1.0 |\n| s | 2.0 |\n| u | 3.0 |\n| v | 4.0 |\n"
+                                                    "<!-- /docs-table -->\n")
+    monkeypatch.setattr(P, "NOT_GENERATED", (P.NotGenerated("p.md", "Run 1", "no results file"),
+                                             P.NotGenerated("p.md", "Run 9", "gone")))
+    problems, notes = P.lint_pages(tmp_path, D._has_measurement_table)
+    assert problems == [
+        "docs/benchmarks/p.md:18: measurement table not generated from benchmarks/results/ and not listed as not "
+        "generated (section 'Run 2')",
+        "docs/benchmarks/p.md: section 'Run 9' is listed as not generated but holds no measurement table outside "
+        "a block"]
+    assert notes == ["not generated: docs/benchmarks/p.md, 'Run 1': no results file",
+                     "not generated: docs/benchmarks/p.md, 'Run 9': gone"]
+
+
+def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
+    problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 19
+    assert all(n.reason for n in P.NOT_GENERATED)

@@ -1,0 +1,641 @@
+"""The tables of the benchmark pages (docs/benchmarks/*.md), rendered from the results the benchmark scripts write.
+
+Each registered table sits on its page between ``<!-- docs-table: NAME -->`` and ``<!-- /docs-table -->`` and is
+rendered from one or more files in ``benchmarks/results/`` by the renderer for that results kind (the JSON of
+``bench_gpu.py``, ``bench_walltime.py``, ``bench_threshold.py`` and so on). Rendering reads JSON only: no model
+runs, no torch, so ``python scripts/docs_tables.py --check-pages`` takes well under a second.
+
+A measurement table on a benchmark page that has no results file to render it from is listed in ``NOT_GENERATED``
+with the reason; ``--lint`` names those and fails on a measurement table that is neither registered nor listed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Results = Any
+"""One results file as loaded: a JSON value, or for ``.jsonl`` the list of its lines' values."""
+
+
+@dataclass(frozen=True)
+class PageTable:
+    name: str
+    page: str
+    """File under docs/benchmarks/."""
+    results: tuple[str, ...]
+    """Files under benchmarks/results/, passed to `render` in this order."""
+    render: Callable[..., str]
+    """Returns the table's Markdown (header, rule, rows) from the loaded results."""
+
+
+@dataclass(frozen=True)
+class NotGenerated:
+    page: str
+    section: str
+    """The heading (without the leading #'s) of the section that holds the table(s)."""
+    reason: str
+
+
+def load(path: Path) -> Results:
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+def render(table: PageTable, results_dir: Path) -> str:
+    return table.render(*(load(results_dir / f) for f in table.results)).rstrip("\n")
+
+
+# ---------------------------------------------------------------------------------------------------- formatting
+
+
+def md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _f(x: float | None, digits: int, scale: float = 1.0) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2 ** 30:.2f}"
+
+
+def _range(xs: Sequence[float], digits: int, sep: str = "–") -> str:
+    return f"{min(xs):.{digits}f}{sep}{max(xs):.{digits}f}"
+
+
+def _med(xs: Sequence[float]) -> tuple[float, float, float]:
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _each(xs: Sequence[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
+
+
+# ------------------------------------------------------------------------------------------- bench_gpu.py (GPU)
+
+
+def gpu_batches(r: Results) -> str:
+    """`bench_gpu.py --json`: per batch, the SDE call, whole SDE and remasking samples, MFU and peak memory."""
+    rows = []
+    for b, x in r["batches"].items():
+        call, sde, rm = x.get("call", {}), x.get("sde", {}), x.get("remask", {})
+        rows.append([b, _f(call.get("ms_per_call"), 1), _f(call.get("flops_done", {}).get("total"), 1, 1e-9),
+                     _pct(call.get("mfu")), _f(sde.get("s_per_sample"), 3), _f(sde.get("samples_per_s"), 2),
+                     _f(sde.get("tokens_per_s"), 0), _pct(sde.get("mfu")), _f(rm.get("s_per_sample"), 3),
+                     _f(rm.get("tokens_per_s"), 0), _pct(rm.get("mfu")), _gib(x.get("peak_memory_bytes"))])
+    return md(["batch", "SDE call ms", "call GFLOP", "call MFU", "SDE s/sample", "SDE samples/s", "SDE tokens/s",
+               "SDE MFU", "remask s/sample", "remask tokens/s", "remask MFU", "peak GiB"], rows)
+
+
+# ----------------------------------------------------------------------------------------- bench_walltime.py
+
+_DATASETS = {"xsum": "XSum", "cnndm": "CNN/DM", "pubmed": "PubMed", "arxiv": "arXiv"}
+
+
+def walltime_long(r: Results) -> str:
+    """`bench_walltime.py --json`: one row per dataset and NFE (the script's own table, kept in its `table`)."""
+    return str(r["table"])
+
+
+def walltime_by_dataset(r: Results) -> str:
+    """`bench_walltime.py --json`: one row per dataset, SDE median (min–max over prompts) at each NFE, the paper's
+    H100 times, and threshold-decoded remasking with its forward passes. The prompt length and generation length of
+    each dataset are read from the script's own table (the JSON holds them only there)."""
+    long_rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in str(r["table"]).splitlines()[2:]]
+    nfes = [str(n) for n in r["args"]["nfe"]]
+    rows = []
+    for ds in r["args"]["datasets"]:
+        mine = [x for x in long_rows if x[0] == ds]
+        sde = []
+        for n in nfes:
+            t = r["results"]["eager"].get(ds, {}).get(n, [])
+            sde.append(f"{statistics.median(t):.2f} ({_range(t, 2)})" if t else "—")
+        paper = " / ".join(f"{r['paper_h100_sde_s'][n][ds]:.2f}" for n in nfes)
+        th = r["results"]["threshold"].get(ds, {})
+        thr = (f"{statistics.median(th['s']):.2f} ({statistics.median(th['forward_passes']):.0f})"
+               if th.get("s") else "—")
+        rows.append([_DATASETS.get(ds, ds), mine[0][1], mine[0][2], *sde, paper, thr])
+    return md(["dataset", "prompt tokens (median)", "gen", *(f"SDE NFE {nfes[0]}", *(f"NFE {n}" for n in nfes[1:])),
+               f"paper H100, NFE {' / '.join(nfes)}", "threshold remasking (forwards)"], rows)
+
+
+# ---------------------------------------------------------------------------------------- bench_threshold.py
+
+
+def threshold_gpu(r: Results) -> str:
+    """`bench_threshold.py --json`: threshold decoding against fixed steps, samples/s and the per-round speed-up."""
+    fixed_steps = r["args"]["fixed_steps"]
+    rows = []
+    for b, x in r["results"].items():
+        th, fx, sp = x["threshold"], x["fixed"], x["speedup_vs_fixed"]
+        rows.append([b, str(th["forward_passes"]), f"{th['tokens_per_forward']:.1f}", f"{th['samples_per_s']:.2f}",
+                     f"{fx['samples_per_s']:.2f}", f"**{sp['median']:.2f}×** ({_range([sp['min'], sp['max']], 2)})"])
+    return md(["batch", "threshold: forwards", "tokens per forward", "samples/s", f"fixed {fixed_steps} steps: samples/s",
+               "speed-up (median, min–max)"], rows)
+
+
+def _secs(x: dict[str, float], digits: int) -> str:
+    return f"{x['median']:.{digits}f} ({x['min']:.{digits}f}–{x['max']:.{digits}f})"
+
+
+def _decimals(x: float, significant: int) -> int:
+    """Decimals that show `x` to `significant` figures (0.360, 3.73, 29.1 at three)."""
+    return max(0, significant - 1 - math.floor(math.log10(abs(x)))) if x else significant - 1
+
+
+def threshold_cpu(r: Results) -> str:
+    """`bench_threshold.py --json`: passes, steps per block of each row, and the time per call of both samplers
+    (three significant figures), and the per-round ratio fixed / threshold (two)."""
+    fixed_steps = r["args"]["fixed_steps"]
+    rows = []
+    for b, x in r["results"].items():
+        th, fx, sp = x["threshold"], x["fixed"], x["speedup_vs_fixed"]
+        d = _decimals(sp["median"], 2)
+        rows.append([b, str(th["forward_passes"]), ", ".join(str(s) for s in th["steps_per_block"]),
+                     f"{th['tokens_per_forward']:.1f}", _secs(th["s_per_call"], _decimals(th["s_per_call"]["median"], 3)),
+                     _secs(fx["s_per_call"], _decimals(fx["s_per_call"]["median"], 3)),
+                     f"**{sp['median']:.{d}f}×** ({_range([sp['min'], sp['max']], d)})"])
+    return md(["batch", "threshold: forward passes", "steps per block, per row", "tokens per forward",
+               "s per call, median (min–max)", f"fixed {fixed_steps} steps: s per call", "fixed / threshold, per round"],
+              rows)
+
+
+# ------------------------------------------------------------------------------------- bench_percall.py loop
+
+
+def loop_efficiency(r: Results) -> str:
+    """`bench_percall.py loop --json`: each sampler's calls, one call alone, the whole run, and the loop's share."""
+    rows = [[name, str(x["calls"]), f"{1000 * x['t_call_s']:.1f}", f"{1000 * x['t_total_s']:.1f}",
+             f"{x['efficiency']:.3f}", f"{x['in_run']:.3f}"] for name, x in r["loop_efficiency"].items()]
+    return md(["sampler", "model calls", "one call alone (ms)", "whole sampling (ms)", "loop efficiency",
+               "in-run share in model calls"], rows)
+
+
+def loop_throughput(r: Results) -> str:
+    """`bench_percall.py loop --json`: SDE seconds per batch and samples per second at each batch size."""
+    rows = [[b, f"{x['seconds']:.2f}", f"{x['samples_per_s']:.2f}"] for b, x in r["throughput"].items()]
+    return md(["batch", "seconds per batch (SDE)", "samples/s"], rows)
+
+
+# ------------------------------------------------------------------------------------- bench_vs_authors.py
+
+
+def vs_authors(*rs: Results) -> str:
+    """`bench_vs_authors.py --json` (one file per NFE): ours against the restatement, per sample, per round; the
+    SDE rows first."""
+    rows = []
+    for key in ("sde", "remask", "remask_b8"):
+        for r in (r for r in rs if key in r):
+            x = r[key]
+            what = (f"SDE, NFE {r['nfe']}" if key == "sde" else f"remasking, {r['nfe']} steps") + f", batch {x['batch']}"
+            if x["batch"] > 1:
+                what += " (per sample)"
+            rows.append([what, f"{x['ours_median_s']:.3f}", f"{x['authors_median_s']:.3f}",
+                         f"**{x['speedup']:.2f}×** ({_range(x['round_speedups'], 2)})",
+                         "yes" if x["identical_tokens"] else "no (below)"])
+    return md(["setting", "ours, s per sample (median)", "restatement, s per sample",
+               "speed-up (median, range over rounds)", "identical tokens"], rows)
+
+
+def vs_authors_recommended(r: Results) -> str:
+    """`bench_vs_authors.py --recommended --json`: every variant's time per sample and the per-round ratios."""
+    rows = []
+    for v, t in r["per_sample_s"].items():
+        m = _med(t)
+        cells = [v, f"{m[0]:.3f} ({m[1]:.3f}–{m[2]:.3f})"]
+        for ref in ("authors fp32 b1", "authors bf16 b1"):
+            x = r["ratios"].get(f"{ref} / {v}")
+            cells.append("–" if x is None else f"**{x['median']:.2f}×** ({x['min']:.2f}–{x['max']:.2f})")
+        rows.append(cells)
+    return md([f"variant (SDE NFE {r['nfe']})", "s per sample, median (min–max)", "authors fp32 b1 / this (range)",
+               "authors bf16 b1 / this (range)"], rows)
+
+
+# ---------------------------------------------------------------------------------- bench_percall.py parts
+
+_PARTS = [("slot", "converter: slot logits βzKᵀ+b"), ("softmax", "converter: softmax over V+1"),
+          ("values", "converter: πWᵀ+c (dense)"), ("converter", "converter, whole (as the sampler: reused buffer)"),
+          ("blocks", "backbone blocks (256 positions)"), ("head", "output head + final norm (128 response rows)"),
+          ("topm", "top-512 selection (`top_m_values`)"), ("posterior", "posterior mean, whole"),
+          ("call", "**whole SDE call** (`Denoiser`)"), ("remask_step", "**one remasking step** (16-step run / 16)")]
+
+
+def percall_parts(r: Results) -> str:
+    """`bench_percall.py parts --json`: each part's time per side (median and range over processes), its FLOPs,
+    and the after side's median time against FLOP time at the after side's median matmul peak."""
+    after = r["sides"]["after"]
+    flops = dict(after[0]["flops"], converter=sum(after[0]["flops"][k] for k in ("slot", "values")),
+                 call=after[0]["needed_flops"], remask_step=after[0]["needed_remask_flops"])
+    peak = 1e9 * statistics.median(p["peak_gflops"] for p in after)
+    rows = []
+    for key, label in _PARTS:
+        cells = [label, f"{flops[key] / 1e9:.3f}" if key in flops else "–"]
+        for side in ("before", "after"):
+            m = _med([1000 * p["times"][key] for p in r["sides"][side]])
+            cells.append(f"{m[0]:.2f} ({m[1]:.2f}–{m[2]:.2f})")
+        t = statistics.median(p["times"][key] for p in after)
+        cells += ([f"{100 * flops[key] / t / peak:.0f} %", f"{t / (flops[key] / peak):.2f}×"] if key in flops
+                  else ["–", "–"])
+        rows.append(cells)
+    return md(["component", "GFLOP", "before: ms (min–max)", "after: ms (min–max)", "after: of peak",
+               "after: × FLOP time"], rows)
+
+
+# ------------------------------------------------------------------------------------ bench_batching.py remask
+
+
+def batch_remask(r: Results) -> str:
+    """`bench_batching.py remask --json`: seconds per sample (wall / CPU) per dtype and side, and batch 8 / 1."""
+    res = r["results"]
+    cols = [(dt, side) for dt in ("fp32", "bf16") for side in ("before", "after")]
+
+    def ratio_cpu(dt: str, side: str) -> str:
+        b1, b8 = res[f"{dt} b1 {side}"]["all"], res[f"{dt} b8 {side}"]["all"]
+        m = _med([x[1] / y[1] for x, y in zip(b8, b1)])
+        cell = f"{m[0]:.2f} ({m[1]:.2f}–{m[2]:.2f})"
+        return f"**{cell}**" if side == "after" else cell
+
+    rows = [[f"batch {b}", *(f"{res[f'{dt} b{b} {s}']['wall']:.3f} / {res[f'{dt} b{b} {s}']['cpu']:.3f}" for dt, s in cols)]
+            for b in (1, 8)]
+    rows.append(["batch 8 / batch 1, CPU (per-round median, min–max)", *(ratio_cpu(dt, s) for dt, s in cols)])
+    rows.append(["batch 8 / batch 1, wall (of the medians)",
+                 *(f"{res[f'{dt} b8 {s}']['wall'] / res[f'{dt} b1 {s}']['wall']:.2f}" for dt, s in cols)])
+    return md(["remasking, s per sample (wall / CPU)", *(f"{dt} {s}" for dt, s in cols)], rows)
+
+
+# ----------------------------------------------------------------------------------------- bench_threads.py
+
+
+def threads(r: Results) -> str:
+    """`bench_threads.py --json`: each OpenMP variant's time per call and its ratios to three references, per round."""
+    def ratio(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.2f}x ({_each(row[key + '_rounds'])})"
+
+    rows = [[row["variant"], str(row["threads"]), f"{row['median_s']:.3f}", f"{row['min_s']:.3f}–{row['max_s']:.3f}",
+             ratio(row, "vs_one_thread"), ratio(row, "vs_spin"), ratio(row, "vs_passive")] for row in r["rows"]]
+    return md(["variant", "intra-op threads", "median s per call", "spread",
+               "vs one thread, same round (median; each round)", "vs spin waiting (ACTIVE), same round",
+               "vs passive waiting (PASSIVE), same round"], rows)
+
+
+def threads_summary(*rs: Results) -> str:
+    """Several `bench_threads.py --json` runs side by side: the bounded spin, ACTIVE and one thread against
+    passive waiting (median and range of the per-round ratios)."""
+    labels = {"bench": "bench (SDE NFE {nfe}, batch {batch})", "toy": "toy (the demo's shape, batch {batch})"}
+    rows, seen = [], set()
+    for r in rs:
+        by = {row["variant"]: row for row in r["rows"]}
+
+        def cell(variant: str, bold: bool = False) -> str:
+            x = by[variant]
+            head = f"{x['vs_passive']:.2f}x"
+            return (f"**{head}**" if bold else head) + f" ({_range(x['vs_passive_rounds'], 2)})"
+
+        shape = labels[r["shape"]].format(**r) if r["shape"] not in seen else r["shape"]
+        seen.add(r["shape"])
+        idle = r["neighbours"] == 0
+        rows.append([shape, str(r["neighbours"]), cell("default, GOMP_SPINCOUNT=1000", bold=idle),
+                     cell("default, OMP_WAIT_POLICY=ACTIVE"), f"{by['one thread']['vs_passive']:.2f}x"])
+    return md(["shape", "neighbours", "bounded spin (1,000) vs passive", "spin (ACTIVE) vs passive",
+               "one thread vs passive"], rows)
+
+
+# --------------------------------------------------------------------------------------- bench_allocator.py
+
+_ALLOCATOR = ("glibc default", "kept")
+
+
+def allocator(r: Results) -> str:
+    """`bench_allocator.py --json`: per run, each variant's median time per sample, the per-round ratio kept /
+    default, the page faults per call and whether the tokens agree."""
+    rounds = r["rounds"]
+    rows = []
+    for run in rounds[0][_ALLOCATOR[0]]["runs"]:
+        t = {v: [x[v]["runs"][run]["s_per_sample"] for x in rounds] for v in _ALLOCATOR}
+        f = {v: statistics.median(x[v]["runs"][run]["faults_per_call"] for x in rounds) for v in _ALLOCATOR}
+        ratios = [k / d for k, d in zip(t["kept"], t["glibc default"])]
+        same = all(x[v]["runs"][run]["tokens"] == rounds[0][_ALLOCATOR[0]]["runs"][run]["tokens"]
+                   for x in rounds for v in _ALLOCATOR)
+        rows.append([run, f"{statistics.median(t['glibc default']):.3f}", f"{statistics.median(t['kept']):.3f}",
+                     f"**{statistics.median(ratios):.2f}x** ({_each(ratios)})",
+                     f"{f['glibc default']:,.0f} → {f['kept']:,.0f}", "yes" if same else "no"])
+    return md(["run", "s per sample, glibc default", "s per sample, kept", "kept / default (median; each round)",
+               "page faults per call, default → kept", "identical tokens"], rows)
+
+
+# ----------------------------------------------------------------------------------- bench_dtype.py quality
+
+
+def _ci(b: dict[str, Any], spec: str) -> str:
+    return (f"{b['fp32']:{spec}} [{b['fp32_ci'][0]:{spec}}, {b['fp32_ci'][1]:{spec}}] | {b['bf16']:{spec}} "
+            f"[{b['bf16_ci'][0]:{spec}}, {b['bf16_ci'][1]:{spec}}] | {b['diff']:+{spec}} [{b['diff_ci'][0]:+{spec}}, "
+            f"{b['diff_ci'][1]:+{spec}}]")
+
+
+def dtype_quality(r: Results) -> str:
+    """`bench_dtype.py quality --json`: exact PPL and ROUGE-L, fp32 against the variant, with paired intervals."""
+    v = r.get("variant", "bf16")
+    rows = [[x["method"], str(x["nfe"]), *_ci(x["ppl_open"], ".2f").split(" | "), *_ci(x["rougeL"], ".1f").split(" | "),
+             _pct(x["identical_tokens"], 2), _pct(x["identical_samples"])] for x in r["rows"]]
+    return md(["method", "NFE", "PPL fp32 [CI]", f"PPL {v} [CI]", f"{v} - fp32 [CI]", "ROUGE-L fp32 [CI]",
+               f"ROUGE-L {v} [CI]", "diff [CI]", "identical tokens", "identical samples"], rows)
+
+
+def dtype_fixclean(r: Results) -> str:
+    """`bench_dtype.py quality --json`: random-token error correction (Fix / Clean %), fp32 -> the variant."""
+    rows = [[x["model"], f"{x['rate']:.0%}", f"{x['fix']:.1f} -> {y['fix']:.1f}", f"{x['clean']:.1f} -> {y['clean']:.1f}"]
+            for x, y in zip(r["fixclean"]["float32"], r["fixclean"]["bfloat16"])]
+    return md(["model", "corrupted", "Fix", "Clean"], rows)
+
+
+# ------------------------------------------------------------------------------------- bench_dtype.py speed
+
+_DTYPE_PARTS = ("blocks", "head", "converter", "top_m_posterior", "call")
+
+
+def _by_dtype(r: Results) -> dict[str, list[dict[str, Any]]]:
+    dts = sorted({x["dtype"] for x in r["runs"]}, reverse=True)  # float32 first
+    return {dt: [x for x in r["runs"] if x["dtype"] == dt] for dt in dts}
+
+
+def dtype_speed_parts(batch: int) -> Callable[[Results], str]:
+    """`bench_dtype.py speed --json`: one denoiser call part by part at `batch`, per dtype, against FLOP time."""
+    def render_parts(r: Results) -> str:
+        by = _by_dtype(r)
+        dts = list(by)
+        first = r["runs"][0]["parts"][str(batch)]["seconds"]
+        rows = []
+        for part in (p for p in _DTYPE_PARTS if p in first):
+            cells, meds = [part], []
+            for dt in dts:
+                m = _med([x["parts"][str(batch)]["seconds"][part] for x in by[dt]])
+                meds.append(m[0])
+                ft = statistics.median([x["parts"][str(batch)]["flop_time_s"].get(part, 0.0) for x in by[dt]])
+                cells += [f"{1000 * m[0]:.1f} [{1000 * m[1]:.1f}, {1000 * m[2]:.1f}]",
+                          f"{m[0] / ft:.2f} ({1000 * ft:.1f} ms)" if ft else "no FLOPs"]
+            if len(dts) == 2:
+                cells.append(f"{meds[0] / meds[1]:.2f}x")
+            rows.append(cells)
+        header = ["part", *(h for dt in dts for h in (f"{dt} ms", f"{dt} / FLOP time"))]
+        return md(header + (["fp32 / bf16"] if len(dts) == 2 else []), rows)
+    return render_parts
+
+
+def dtype_speed_samples(r: Results) -> str:
+    """`bench_dtype.py speed --samples --json`: whole samples per sampler and batch, fp32 against bf16."""
+    by = _by_dtype(r)
+    rows = []
+    for b in r["batches"]:
+        for name in ("sde", "remask"):
+            t = {dt: _med([x["samples"][str(b)][f"{name}_s_per_sample"] for x in by[dt]]) for dt in by}
+            a, c = by["float32"][0]["samples"][str(b)][f"{name}_ids"], by["bfloat16"][0]["samples"][str(b)][f"{name}_ids"]
+            same = sum(x == y for u, w in zip(a, c) for x, y in zip(u, w)) / sum(len(u) for u in a)
+            f32, b16 = t["float32"], t["bfloat16"]
+            rows.append([name, str(b), f"{f32[0]:.2f} [{f32[1]:.2f}, {f32[2]:.2f}]",
+                         f"{b16[0]:.2f} [{b16[1]:.2f}, {b16[2]:.2f}]", f"{f32[0] / b16[0]:.2f}x", _pct(same, 2)])
+    return md(["sampler", "batch", "fp32", "bf16", "fp32 / bf16", "identical tokens bf16 vs fp32"], rows)
+
+
+# -------------------------------------------------------------------------------------- bench_serve.py load
+
+_SERVE_VARIANTS = ("generate", "server, 1 client", "sampler, batch 1", "sampler, batch N", "batched, N clients",
+                   "--max-batch 1, N clients")
+
+
+def serve_rounds(r: Results) -> str:
+    """`bench_serve.py load --json`: each variant's seconds over the interleaved rounds."""
+    sec = r["result"]["seconds"]
+    order = [k for k in _SERVE_VARIANTS if k in sec] + [k for k in sec if k not in _SERVE_VARIANTS]
+    rows = [[k, *(f"{x:.4f}" for x in _med(sec[k]))] for k in order]
+    return md(["variant", "median s", "min s", "max s"], rows)
+
+
+# ------------------------------------------------------------------------------------------------- registry
+
+TABLES = {t.name: t for t in (
+    # cpu-sampling.md
+    PageTable("cpu-percall-parts", "cpu-sampling.md", ("percall_parts_cpu1.json",), percall_parts),
+    PageTable("cpu-vs-authors", "cpu-sampling.md", ("vs_authors_nfe16_cpu1.json", "vs_authors_nfe64_cpu1.json"),
+              vs_authors),
+    PageTable("cpu-vs-authors-recommended", "cpu-sampling.md", ("vs_authors_recommended.json",),
+              vs_authors_recommended),
+    PageTable("cpu-batch-remask", "cpu-sampling.md", ("batch_remask_buffer.json",), batch_remask),
+    PageTable("cpu-walltime", "cpu-sampling.md", ("walltime_cpu_reduced.json",), walltime_long),
+    PageTable("cpu-threshold", "cpu-sampling.md", ("threshold_cpu_reduced.json",), threshold_cpu),
+    # gpu.md
+    PageTable("gpu-walltime", "gpu.md", ("walltime_h200.json",), walltime_by_dataset),
+    PageTable("gpu-threshold", "gpu.md", ("threshold_h200.json",), threshold_gpu),
+    PageTable("gpu-batched", "gpu.md", ("gpu_h200_8b.json",), gpu_batches),
+    PageTable("gpu-loop", "gpu.md", ("sampling_8b_h200_bf16.json",), loop_efficiency),
+    PageTable("gpu-loop-batches", "gpu.md", ("sampling_8b_h200_bf16.json",), loop_throughput),
+    PageTable("gpu-compile", "gpu.md", ("gpu_h200_8b_compile.json",), gpu_batches),
+    PageTable("gpu-compile-b1", "gpu.md", ("gpu_h200_8b_compile_b1.json",), gpu_batches),
+    PageTable("gpu-compile-b8", "gpu.md", ("gpu_h200_8b_compile_b8.json",), gpu_batches),
+    # precision-memory.md
+    PageTable("bf16-quality", "precision-memory.md", ("bf16_quality.json",), dtype_quality),
+    PageTable("bf16-fixclean", "precision-memory.md", ("bf16_quality.json",), dtype_fixclean),
+    PageTable("int8-quality", "precision-memory.md", ("int8_quality.json",), dtype_quality),
+    PageTable("int8-fixclean", "precision-memory.md", ("int8_quality.json",), dtype_fixclean),
+    PageTable("real-shape-b1", "precision-memory.md", ("real_shape_b1.json",), dtype_speed_parts(1)),
+    PageTable("real-shape-b8-batch1", "precision-memory.md", ("real_shape_b8_bf16.json",), dtype_speed_parts(1)),
+    PageTable("real-shape-b8-batch8", "precision-memory.md", ("real_shape_b8_bf16.json",), dtype_speed_parts(8)),
+    PageTable("small-shape-batch1", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_parts(1)),
+    PageTable("small-shape-batch8", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_parts(8)),
+    PageTable("small-shape-samples", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_samples),
+    # process-settings.md
+    PageTable("threads-summary", "process-settings.md", ("threads_bench_idle.json", "threads_bench_busy.json",
+                                                          "threads_toy_idle.json", "threads_toy_busy.json"),
+              threads_summary),
+    PageTable("threads-bench-idle", "process-settings.md", ("threads_bench_idle.json",), threads),
+    PageTable("threads-bench-busy", "process-settings.md", ("threads_bench_busy.json",), threads),
+    PageTable("threads-toy-idle", "process-settings.md", ("threads_toy_idle.json",), threads),
+    PageTable("threads-toy-busy", "process-settings.md", ("threads_toy_busy.json",), threads),
+    PageTable("allocator", "process-settings.md", ("allocator.json",), allocator),
+    # serving.md
+    PageTable("serve-h200-d64", "serving.md", ("serve_h200_d64.json",), serve_rounds),
+    PageTable("serve-h200-d512", "serving.md", ("serve_h200_d512.json",), serve_rounds),
+)}
+
+
+_NO_JSON = "run with --write and without --json: the page is the only record of its numbers"
+_PROSE_ONLY = ("the page states medians and ranges only, not the per-round values the script's JSON holds, so no "
+               "exact results file can be transcribed from it")
+
+NOT_GENERATED = (
+    NotGenerated("cpu-sampling.md", "Sampling: preset `small` on cpu (float32, 2 threads, torch 2.13.0+cpu)",
+                 f"`bench_percall.py loop` {_NO_JSON}"),
+    NotGenerated("cpu-sampling.md", "SDE at long NFE: the loop against its calls (2026-11-27)",
+                 "three runs of `bench_percall.py loop` printed without --json"),
+    NotGenerated("cpu-sampling.md", "Roofline: one SDE call and one remasking step",
+                 f"`bench_percall.py roofline` {_NO_JSON}"),
+    NotGenerated("cpu-sampling.md", "This project vs a restatement of the authors' per-call work: 2 threads, wall time",
+                 "measured before the benchmarks kept JSON results (2 threads); `vs_authors_nfe16.json` is a later "
+                 "run with other numbers"),
+    NotGenerated("cpu-sampling.md", "SDE call: what the exact top-M selection and the reused slot buffer buy",
+                 f"`bench_percall.py ablation` {_NO_JSON}"),
+    NotGenerated("cpu-sampling.md", "Sparse converter on the demo's SDE samples", f"`bench_approx.py sparse` {_NO_JSON}"),
+    NotGenerated("cpu-sampling.md", "Approximate KV caching at the LLaDA-shaped size",
+                 f"`bench_approx.py kv-cache` {_NO_JSON}"),
+    NotGenerated("cpu-sampling.md", "One SDE call, part by part: before and after",
+                 f"`bench_percall.py parts --before 754fa11` {_NO_JSON} (`percall_parts.json` is the later run "
+                 "against 8ab1b4b); " + _PROSE_ONLY),
+    NotGenerated("cpu-sampling.md", "Evaluation runner overhead (cpu, 1 thread, torch 2.13.0+cpu, Python 3.11)",
+                 "`bench_eval.py` printed without --json, before the benchmarks kept JSON results"),
+    NotGenerated("precision-memory.md", "Weight memory of LLaDA-8B as a DSL model (`convert --dry-run`)",
+                 "counted from `config.json` by `dsl-llada convert --dry-run` and quoted as its output, not a "
+                 "benchmark result"),
+    NotGenerated("process-settings.md", "OpenMP waiting: what the CLI sets (2026-11-27)",
+                 "six runs of `bench_percall.py parts --rounds 1` printed without --json"),
+    NotGenerated("process-settings.md", "Passive OpenMP waiting on an idle machine (toy)",
+                 f"`bench_threads.py` {_NO_JSON}"),
+    NotGenerated("process-settings.md", "Thread default under contention (toy)",
+                 "`bench_threads.py` printed without --json"),
+    NotGenerated("serving.md", "Serving: dynamic batching vs `--max-batch 1` (2026-11-24)",
+                 f"`bench_serve.py load` {_NO_JSON}"),
+    NotGenerated("serving.md", "Serving: single-client latency and 16-client throughput (2026-11-25)",
+                 f"`bench_serve.py load` {_NO_JSON}; " + _PROSE_ONLY),
+    NotGenerated("serving.md", "Serving: batching ceiling, 16 clients, 1 client (d=64 toy shape, 2026-11-25)",
+                 "`bench_serve.py load` printed without --json; " + _PROSE_ONLY),
+    NotGenerated("serving.md", "Serving: batching ceiling at the toy world's shape (d=128, 4 layers, 2026-11-25)",
+                 f"`bench_serve.py load` {_NO_JSON}; " + _PROSE_ONLY),
+    NotGenerated("toy-frontier.md", "The demo (`dsl-llada demo`), 2-core CPU, fp32",
+                 "stage times of one demo run from a clean clone (its log and `config.json`), not a benchmark script's "
+                 "results"),
+    NotGenerated("toy-frontier.md", "Every sampler on the toy world: exact quality against samples per second",
+                 "`dsl-llada demo --cache-frontier` writes its points into the demo's output folder "
+                 "(`OUT/cache_frontier/runs.jsonl`), which is not kept under benchmarks/results/"),
+)
+
+
+def lint_pages(docs: Path, is_measurement: Callable[[list[str]], bool]) -> tuple[list[str], list[str]]:
+    """(problems, notes): a measurement table on a benchmark page that is neither a registered block nor in a
+    section listed in NOT_GENERATED is a problem, and so is a NOT_GENERATED entry whose section is gone; each
+    listed section is a note. A docs folder without benchmark pages has neither."""
+    if not (docs / "benchmarks").is_dir():
+        return [], []
+    listed = {(n.page, n.section): n for n in NOT_GENERATED}
+    problems, used = [], set()
+    for page, line, heading in unregistered_tables(docs, is_measurement):
+        if (page, heading) in listed:
+            used.add((page, heading))
+        else:
+            problems.append(f"docs/benchmarks/{page}:{line}: measurement table not generated from benchmarks/results/ "
+                            f"and not listed as not generated (section {heading!r})")
+    for key in sorted(set(listed) - used):
+        problems.append(f"docs/benchmarks/{key[0]}: section {key[1]!r} is listed as not generated but holds no "
+                        "measurement table outside a block")
+    notes = [f"not generated: docs/benchmarks/{n.page}, {n.section!r}: {n.reason}" for n in NOT_GENERATED]
+    return problems, notes
+
+
+# ------------------------------------------------------------------------------------ blocks on the pages
+
+
+def block_re(name: str) -> re.Pattern[str]:
+    return re.compile(rf"<!-- docs-table: {re.escape(name)} -->\n(.*?)<!-- /docs-table -->", re.S)
+
+
+def _replace(doc: str, table: PageTable, text: str) -> str | None:
+    """`doc` with the table's block holding `text`; None when the page has no block for it."""
+    pattern = block_re(table.name)
+    if pattern.search(doc) is None:
+        return None
+    return pattern.sub(lambda _: f"<!-- docs-table: {table.name} -->\n{text}\n<!-- /docs-table -->", doc, count=1)
+
+
+def check_pages(docs: Path, results_dir: Path) -> list[str]:
+    """Re-render every registered table from its results and compare it with its block; the first difference of
+    each table is named (page, table, line)."""
+    problems = []
+    for t in TABLES.values():
+        page = docs / "benchmarks" / t.page
+        m = block_re(t.name).search(page.read_text()) if page.exists() else None
+        if m is None:
+            problems.append(f"docs/benchmarks/{t.page}: no block for table {t.name!r}")
+            continue
+        new, old = render(t, results_dir).splitlines(), m.group(1).rstrip("\n").splitlines()
+        diff = _first_difference(old, new)
+        if diff is not None:
+            problems.append(f"docs/benchmarks/{t.page}: table {t.name!r} differs from "
+                            f"{', '.join('benchmarks/results/' + f for f in t.results)}: {diff} (run --write-pages)")
+    return problems
+
+
+def _first_difference(old: list[str], new: list[str]) -> str | None:
+    """Where two renderings of a table first differ: the row and, within it, the first differing cell."""
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in old[:1]]
+    header = cells[0] if cells else []
+    for i in range(max(len(old), len(new))):
+        a, b = (old[i] if i < len(old) else None), (new[i] if i < len(new) else None)
+        if a == b:
+            continue
+        if a is None or b is None:
+            return f"line {i + 1}: page {a!r}, results {b!r}"
+        ca, cb = ([c.strip() for c in x.strip().strip("|").split("|")] for x in (a, b))
+        j = next((j for j, (x, y) in enumerate(zip(ca, cb)) if x != y), min(len(ca), len(cb)))
+        column = header[j] if j < len(header) else f"column {j + 1}"
+        return (f"line {i + 1} (row {ca[0]!r}), {column!r}: page {ca[j] if j < len(ca) else None!r}, "
+                f"results {cb[j] if j < len(cb) else None!r}")
+    return None
+
+
+def write_pages(docs: Path, results_dir: Path, names: Sequence[str] | None = None) -> list[str]:
+    """Replace the registered tables' blocks with their rendering; returns the names whose block changed."""
+    from dsl_llada.utils import atomic_write_text
+
+    changed = []
+    for page in sorted({t.page for t in TABLES.values()}):
+        path = docs / "benchmarks" / page
+        doc = original = path.read_text()
+        for t in (t for t in TABLES.values() if t.page == page and (names is None or t.name in names)):
+            new = _replace(doc, t, render(t, results_dir))
+            if new is None:
+                raise ValueError(f"docs/benchmarks/{page} has no block for table {t.name!r}")
+            if new != doc:
+                changed.append(t.name)
+            doc = new
+        if doc != original:
+            atomic_write_text(path, doc)
+    return changed
+
+
+def unregistered_tables(docs: Path, is_measurement: Callable[[list[str]], bool]) -> list[tuple[str, int, str]]:
+    """(page, line, section heading) of every measurement table on a benchmark page outside a registered block."""
+    out = []
+    for path in sorted((docs / "benchmarks").glob("*.md")):
+        lines = path.read_text().splitlines()
+        heading, inside, i = "", False, 0
+        while i < len(lines):
+            ln = lines[i]
+            if ln.startswith("#"):
+                heading = ln.lstrip("#").strip()
+            elif ln.startswith("<!-- docs-table:"):
+                inside = True
+            elif ln.startswith("<!-- /docs-table"):
+                inside = False
+            elif ln.startswith("|") and not inside:
+                j = i
+                while j < len(lines) and lines[j].startswith("|"):
+                    j += 1
+                if is_measurement(lines[i:j]):
+                    out.append((path.name, i + 1, heading))
+                i = j
+                continue
+            i += 1
+    return out
