@@ -87,6 +87,8 @@ def test_settings_that_cannot_work_together_are_refused(model_dir):
         RayServeSettings(serve=serve)
     with pytest.raises(ValueError, match="--ui is not available under Ray Serve"):
         RayServeSettings(serve=ServeSettings(source=ModelSource(path=str(model_dir)), ui=True))
+    with pytest.raises(ConfigError, match="port=0 is not available under Ray Serve"):
+        RayServeSettings(serve=ServeSettings(source=ModelSource(path=str(model_dir)), port=0))
     with pytest.raises(ConfigError, match="temp_dir='/tmp/x' applies only to a Ray instance started here"):
         RayServeSettings(serve=ServeSettings(source=ModelSource(path=str(model_dir))), address="auto", temp_dir="/tmp/x")
 
@@ -206,3 +208,24 @@ def test_two_replicas_spread_requests_and_answer_as_one_process(model_dir):
     content = "".join(e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict) and e["choices"])
     assert content == want_stream["choices"][0]["message"]["content"]
     assert events[-2]["usage"] == want_stream["usage"]
+
+
+@needs_ray
+def test_the_docs_serve_config_is_valid_and_builds(model_dir):
+    import re
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from dsl_llada.serve.ray_app import app_builder
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    config = yaml.safe_load(re.search(r"```yaml\n# serve_config.yaml\n(.*?)```", doc, re.S).group(1))
+    schema = ServeDeploySchema.model_validate(config) if hasattr(ServeDeploySchema, "model_validate") \
+        else ServeDeploySchema.parse_obj(config)
+    (app,) = schema.applications
+    assert app.import_path == "dsl_llada.serve.ray_app:app_builder" and app.args["model"] == "/models/ckpt"
+    assert "serve run dsl_llada.serve.ray_app:app_builder model=" in doc
+    from ray.serve import Application
+
+    assert isinstance(app_builder({**app.args, "model": str(model_dir)}), Application)

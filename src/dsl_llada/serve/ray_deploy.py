@@ -130,6 +130,8 @@ class RayServeSettings:
         _check(self.ray.max_ongoing_requests <= max_queue,
                f"max_ongoing_requests={self.ray.max_ongoing_requests} must be <= max_queue={max_queue}: a replica "
                f"would answer 429 to requests Ray's proxy could queue")
+        _check(self.serve.port != 0, "port=0 is not available under Ray Serve: its HTTP proxy listens on a fixed "
+                                     "port on every node; pick one with --port")
         _check(self.address is None or (isinstance(self.address, str) and self.address.strip() != ""),
                f"address={self.address!r} must be 'auto' or HOST:PORT of a Ray cluster (leave it out to start Ray "
                f"on this machine)")
