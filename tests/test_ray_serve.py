@@ -98,7 +98,7 @@ def test_deployment_options_and_what_each_replica_opens(model_dir):
     fixed = RayServeSettings(serve=serve, ray=RayConfig(num_replicas=3, num_cpus=2, max_ongoing_requests=12))
     assert deployment_options(fixed) == {
         "name": DEPLOYMENT_NAME, "max_ongoing_requests": 12, "ray_actor_options": {"num_cpus": 2, "num_gpus": 0.0},
-        "graceful_shutdown_timeout_s": 7, "num_replicas": 3}
+        "graceful_shutdown_timeout_s": 7, "max_constructor_retry_count": 3, "num_replicas": 3}
     scaled = RayServeSettings(serve=serve, ray=RayConfig(max_replicas=5, num_gpus=1))
     assert deployment_options(scaled)["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 5,
                                                                 "target_ongoing_requests": 4.0}
@@ -113,6 +113,20 @@ def test_deployment_options_and_what_each_replica_opens(model_dir):
     pinned = RayServeSettings(serve=ServeSettings(source=ModelSource(path=str(model_dir), device="cpu", threads=3)),
                               ray=RayConfig(num_gpus=1))
     assert (replica_serve_settings(pinned).source.device, replica_serve_settings(pinned).source.threads) == ("cpu", 3)
+
+
+def test_a_replica_that_cannot_start_is_named_by_its_error():
+    from types import SimpleNamespace
+
+    from dsl_llada.serve.ray_deploy import APP_NAME, _replica_error
+
+    message = ("The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n  File x\n"
+               "RuntimeError: Traceback ...\n    raise CheckpointError(...)\n"
+               "dsl_llada.errors.CheckpointError: 'm/model.safetensors' is not a readable safetensors file\n")
+    status = SimpleNamespace(applications={APP_NAME: SimpleNamespace(deployments={DEPLOYMENT_NAME: SimpleNamespace(message=message)})})
+    fake = SimpleNamespace(status=lambda: status)
+    assert _replica_error(fake) == "dsl_llada.errors.CheckpointError: 'm/model.safetensors' is not a readable safetensors file"
+    assert _replica_error(SimpleNamespace(status=lambda: SimpleNamespace(applications={}))) is None
 
 
 def test_without_ray_the_command_says_how_to_install(capsys, model_dir, monkeypatch):

@@ -41,6 +41,8 @@ MAX_REPLICAS = 1024
 """Most replicas one deployment may ask for."""
 MAX_ONGOING = 4096
 """Largest `max_ongoing_requests`."""
+CONSTRUCTOR_RETRIES = 3
+"""Failed replica starts after which Ray Serve marks the deployment failed (and `ray-serve` exits with its error)."""
 MAX_CPUS = 1024
 MAX_GPUS = 16
 
@@ -166,6 +168,8 @@ def deployment_options(settings: RayServeSettings) -> dict[str, Any]:
         "ray_actor_options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus},
         # a replica being stopped drains like `serve` on SIGTERM: the app's grace period, then 2 s to answer
         "graceful_shutdown_timeout_s": settings.serve.shutdown_grace_s + 2,
+        # a model that does not load (a damaged checkpoint, a wrong path) fails the same way again: give up early
+        "max_constructor_retry_count": CONSTRUCTOR_RETRIES,
     }
     if r.autoscaling:
         options["autoscaling_config"] = {
@@ -204,7 +208,11 @@ def ray_serve(settings: RayServeSettings) -> Iterator[str]:
     ray.init(**init)
     try:
         serve.start(http_options={"host": s.host, "port": s.port})
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+        except RuntimeError as e:  # "Deploying application ... failed"; the replica's own error is in the status
+            raise ValueError(f"the replicas could not start ({CONSTRUCTOR_RETRIES} tries): "
+                             f"{_replica_error(serve) or str(e).splitlines()[0]}") from None
         host = f"[{s.host}]" if ":" in s.host else s.host
         yield f"http://{host}:{s.port}"
     finally:
@@ -215,6 +223,16 @@ def ray_serve(settings: RayServeSettings) -> Iterator[str]:
                 serve.delete(APP_NAME)
         finally:
             ray.shutdown()
+
+
+def _replica_error(serve: Any) -> str | None:
+    """The last exception line of the deployment's status message (a replica's failed start), if any."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments[DEPLOYMENT_NAME].message
+    except (KeyError, AttributeError):
+        return None
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), None)
 
 
 def run_ray_serve(settings: RayServeSettings) -> int:
