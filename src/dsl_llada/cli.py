@@ -115,7 +115,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
     return cmd_train(a)
 
 
-COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ui", "lm-eval")
+COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ray-serve", "ui", "lm-eval")
 """Commands that run a model: each takes `--threads N` (set by `main` before the command runs)."""
 
 

@@ -10,14 +10,18 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..loading import open_model
 from ..model_source import ModelSource
 from .settings import SERVE_PORT, UI_PORT, ServerConfig
 
-__all__ = ["SERVE_PORT", "UI_PORT", "ServeSettings", "UISettings", "check_port_free", "freeze_startup_objects",
-           "run_serve", "run_ui"]
+if TYPE_CHECKING:
+    from .batcher import Batcher
+    from .limits import Limits
+
+__all__ = ["SERVE_PORT", "UI_PORT", "ServeSettings", "ServedApp", "UISettings", "check_port_free",
+           "freeze_startup_objects", "open_serve_app", "run_serve", "run_ui"]
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +109,34 @@ def run_uvicorn(app: Any, host: str, port: int, grace_s: float | None = None,
     return 0
 
 
-def run_serve(settings: ServeSettings) -> int:
-    """Serve the model until SIGINT/SIGTERM (exit code 0); bad settings raise ValueError before the model loads."""
+@dataclass
+class ServedApp:
+    """What `open_serve_app` opened: the app, the model's folder, its API name and the limits in force."""
+
+    app: Any
+    path: Path
+    name: str
+    limits: Limits
+    batcher: Batcher
+    begin_shutdown: Callable[[], None]
+    """Start draining (from a signal handler: the app then answers what is still running with 503 at the end of
+    the grace period)."""
+
+    def banner(self, settings: ServeSettings, url: str) -> str:
+        c = settings.server
+        return (f"serving {self.path} as {self.name!r} on {url} (max_batch={c.max_batch}, "
+                f"max_wait_ms={c.max_wait_ms:g}, max_queue={c.max_queue}; limits: {self.limits.describe()})")
+
+
+def open_serve_app(settings: ServeSettings) -> ServedApp:
+    """Open the model (`loading.open_model`) and build the serving app around it, as `serve` does; the Ray Serve
+    deployment opens each replica's model through this same call."""
     from .app import create_app
     from .limits import Limits
     from .middleware import allowed_hosts
     from .service import parameter_count
 
     s = settings
-    check_port_free(s.host, s.port)
     handle = open_model(s.source)
     limits = Limits.for_model(handle.context, parameter_count(handle.model), **s.limits)
     name = s.served_model_name or handle.path.name
@@ -125,12 +148,19 @@ def run_serve(settings: ServeSettings) -> int:
         from .ui import mount_ui
 
         app = mount_ui(app, handle.model, handle.tokenizer, path="/ui")
-    c = s.server
-    print(f"serving {handle.path} as {name!r} on http://{s.host}:{s.port} (max_batch={c.max_batch}, "
-          f"max_wait_ms={c.max_wait_ms:g}, max_queue={c.max_queue}; limits: {limits.describe()})", flush=True)
+    return ServedApp(app=app, path=handle.path, name=name, limits=limits, batcher=batcher,
+                     begin_shutdown=begin_shutdown)
+
+
+def run_serve(settings: ServeSettings) -> int:
+    """Serve the model until SIGINT/SIGTERM (exit code 0); bad settings raise ValueError before the model loads."""
+    s = settings
+    check_port_free(s.host, s.port)
+    served = open_serve_app(s)
+    print(served.banner(s, f"http://{s.host}:{s.port}"), flush=True)
     freeze_startup_objects()
-    run_uvicorn(app, s.host, s.port, s.shutdown_grace_s, on_exit=begin_shutdown)
-    if batcher.abandoned:  # a sampler thread that never returned would block interpreter exit
+    run_uvicorn(served.app, s.host, s.port, s.shutdown_grace_s, on_exit=served.begin_shutdown)
+    if served.batcher.abandoned:  # a sampler thread that never returned would block interpreter exit
         import os
 
         os._exit(0)

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 
 from ..config import ConfigBase, _check
 
-__all__ = ["SERVE_PORT", "UI_PORT", "ServerConfig"]
+__all__ = ["RAY_INSTALL", "REPLICA_HEADER", "SERVE_PORT", "UI_PORT", "ServerConfig"]
 
 SERVE_PORT = 8000
 """`dsl-llada serve`'s default TCP port."""
 UI_PORT = 7860
 """`dsl-llada ui`'s default TCP port."""
+RAY_INSTALL = 'pip install "dsl-llada[ray]"'
+"""How to install what `dsl-llada ray-serve` needs (Ray Serve)."""
+REPLICA_HEADER = "x-dsl-llada-replica"
+"""Under Ray Serve, the response header naming the replica that answered (its Ray Serve replica id)."""
 
 
 @dataclass(frozen=True)
