@@ -345,13 +345,13 @@ class Batcher:
             results = self.engine.step()
         except Exception as e:  # the shared forward failed: its rows' requests fail, the worker keeps serving
             log.exception("a tick of %d rows failed", self.engine.live)
+            if self.metrics is not None:
+                self.metrics.tick_done(0, time.monotonic() - t0, self.engine.forward_passes - forwards, failed=True)
             for job in self._order[: self.engine.live]:
                 assert job.request_id is not None
                 self.engine.cancel(job.request_id)
                 self._order.remove(job)
                 job.fail_threadsafe(e)
-            if self.metrics is not None:
-                self.metrics.tick_done(0, time.monotonic() - t0, self.engine.forward_passes - forwards, failed=True)
             self.last_progress = time.monotonic()
             return
         now = self.last_progress = time.monotonic()
@@ -405,6 +405,10 @@ class Batcher:
             error = e
         seconds = time.monotonic() - now
         self.last_progress = time.monotonic()
+        if self.metrics is not None:  # before the answers: a client reading /metrics next sees this call
+            done = [r for r in results if r is not None]
+            self.metrics.batch_done(len(batch), seconds, sum(len(r.ids) for r in done),
+                                    done[0].forward_passes if done else 0, error is not None)
         for i, job in enumerate(batch):
             if error is not None:
                 job._settle(error=error, done_event=not job.cancelled)
@@ -412,7 +416,3 @@ class Batcher:
                 job._settle(error=RuntimeError("the request was cancelled while its batch ran"), done_event=False)
             else:
                 job._settle(result=results[i], done_event=not job.cancelled)
-        if self.metrics is not None:
-            done = [r for r in results if r is not None]
-            self.metrics.batch_done(len(batch), seconds, sum(len(r.ids) for r in done),
-                                    done[0].forward_passes if done else 0, error is not None)
