@@ -18,7 +18,7 @@ from dsl_llada.cli import main
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.loading import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
-from dsl_llada.serve.schemas import ChatRequest, RequestError, SamplingFields, build_sampling
+from dsl_llada.serve.schemas import RequestError, SamplingFields, build_sampling
 
 # one intra-op thread (conftest): a busy 2-core CPU makes spinning OpenMP threads ~100x slower on tiny models
 pytestmark = pytest.mark.usefixtures("one_thread")
