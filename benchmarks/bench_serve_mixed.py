@@ -32,27 +32,31 @@ from benchlib import command_line, parse_args, write_json, write_section
 from measures.serve_load import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "serve_mixed.json"
+RESULTS = ROOT / "benchmarks" / "results"
+"""Where --write puts serve_mixed_nfe{LONG}.json."""
 PROMPTS = ["hi", "write about the ocean .", "describe the river near the tall trees and the small fish .",
            "tell me about the city at night , the streets , the lights and the people who walk there late ."]
 """Prompts of four different token lengths."""
-KINDS = [
-    ("sde NFE 8", {"sampler": "sde", "nfe": 8}, 16, 0.45),
-    ("sde NFE 256", {"sampler": "sde", "nfe": 256}, 32, 0.05),
-    ("remask 8 steps", {"sampler": "remask", "steps": 8, "temperature": 0.7}, 16, 0.45),
-    ("remask 128 steps", {"sampler": "remask", "steps": 128, "temperature": 0.7}, 32, 0.05),
-]
-"""(label, sampler fields, response tokens, share of the requests): mostly short interactive requests of both
-sampler families, and one in ten a long one (32x the steps)."""
 
 
-def workload(rate: float, n: int, seed: int) -> list[dict]:
+def kinds(long_nfe: int) -> list[tuple[str, dict, int, float]]:
+    """(label, sampler fields, response tokens, share of the requests): mostly short interactive requests of both
+    sampler families (DSL-SDE NFE 8, remasking 8 steps), and one in ten a long one (DSL-SDE NFE `long_nfe`,
+    remasking `long_nfe / 2` steps)."""
+    return [("sde NFE 8", {"sampler": "sde", "nfe": 8}, 16, 0.45),
+            (f"sde NFE {long_nfe}", {"sampler": "sde", "nfe": long_nfe}, 32, 0.05),
+            ("remask 8 steps", {"sampler": "remask", "steps": 8, "temperature": 0.7}, 16, 0.45),
+            (f"remask {long_nfe // 2} steps", {"sampler": "remask", "steps": long_nfe // 2, "temperature": 0.7}, 32,
+             0.05)]
+
+
+def workload(rate: float, n: int, seed: int, mix: list) -> list[dict]:
     """`n` requests with exponential inter-arrival gaps of mean 1/rate; each a random prompt and kind."""
     rng = random.Random(seed)
     t, out = 0.0, []
     for i in range(n):
         t += rng.expovariate(rate)
-        label, fields, gen, _ = rng.choices(KINDS, weights=[k[3] for k in KINDS])[0]
+        label, fields, gen, _ = rng.choices(mix, weights=[k[3] for k in mix])[0]
         out.append({"at": t, "prompt": PROMPTS[rng.randrange(len(PROMPTS))], "kind": label, "fields": fields,
                     "max_tokens": gen, "seed": 1000 + i})
     return out
@@ -130,7 +134,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def run_load(base: str, reqs: list[dict]) -> dict:
+def run_load(base: str, reqs: list[dict], mix: list) -> dict:
     lock = threading.Lock()
     out: list[dict] = []
     load_before = os.getloadavg()[0]
@@ -145,7 +149,7 @@ def run_load(base: str, reqs: list[dict]) -> dict:
     lat = [r["latency"] for r in ok]
     ttfs = [r["first_step"] for r in ok if r["first_step"] is not None]
     by_kind = {k: round(statistics.median([r["latency"] for r in ok if r["kind"] == k]), 3)
-               for k, *_ in KINDS if any(r["kind"] == k for r in ok)}
+               for k, *_ in mix if any(r["kind"] == k for r in ok)}
     return {"answered": f"{len(ok)}/{len(reqs)}", "req_per_s": round(len(ok) / span, 3),
             "tokens_per_s": round(sum(r["tokens"] for r in ok) / span, 1),
             "p50_s": round(pct(lat, 0.5), 3), "p95_s": round(pct(lat, 0.95), 3),
@@ -162,8 +166,9 @@ def export_src(rev: str, dest: Path) -> Path:
 
 
 def markdown(result: dict) -> str:
+    mix = kinds(result["long_nfe"])
     lines = [f"Open-loop Poisson arrivals, {result['requests']} requests per rate, each one of "
-             f"{len(PROMPTS)} prompt lengths at random and one of: " + ", ".join(f"{k} ({g} tokens, {w:.0%})" for k, _, g, w in KINDS)
+             f"{len(PROMPTS)} prompt lengths at random and one of: " + ", ".join(f"{k} ({g} tokens, {w:.0%})" for k, _, g, w in mix)
              + f". Model: {result['model']}; `--max-batch {result['max_batch']}`, {result['threads']} torch thread(s) "
              f"per server. *before* = `{result['before']}` (batches only equal settings and prompt lengths; a "
              f"request cannot join a running batch), *engine* = this tree. Interleaved per rate.", "",
@@ -186,35 +191,43 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="git revision whose server is the baseline")
-    ap.add_argument("--model", default=None, help="checkpoint folder (default: a tiny random DSL model, d=64, "
-                                                  "2 layers, built here)")
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: a random DSL model over the toy "
+                                                  "world's vocabulary, built here with --d-model / --layers)")
+    ap.add_argument("--d-model", type=int, default=64, help="width of the built model (default 64)")
+    ap.add_argument("--layers", type=int, default=2, help="layers of the built model (default 2)")
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="arrival rates, requests/s")
     ap.add_argument("--requests", type=int, default=24, help="requests per rate and server")
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--long-nfe", type=int, default=256, help="NFE of the long DSL-SDE requests (the long remasking "
+                                                              "ones take half as many steps; default 256)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help=f"write the result here (--write: {RESULTS.relative_to(ROOT)})")
+    ap.add_argument("--json", default=None, help=f"write the result here (--write: {RESULTS.relative_to(ROOT)}/serve_mixed_nfeN.json)")
     ap.add_argument("--write", action="store_true", help="write the JSON and the section of docs/benchmarks/serving.md")
     a = parse_args(ap, threads_default=1, argv=argv)
     if a.requests < 2 or any(r <= 0 for r in a.rates):
         ap.error("--requests must be >= 2 and every rate > 0")
+    if a.long_nfe < 4 or a.long_nfe % 4:
+        ap.error(f"--long-nfe {a.long_nfe}: must be a multiple of 4, at least 4")
+    mix = kinds(a.long_nfe)
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
-        model = Path(a.model) if a.model else build_tiny_model(tmpdir / "tiny", d_model=64)
+        model = Path(a.model) if a.model else build_tiny_model(tmpdir / "tiny", d_model=a.d_model, n_layers=a.layers)
         before_src = export_src(a.before, tmpdir / "before")
         sides = {"before": before_src, "engine": ROOT / "src"}
-        result: dict = {"before": a.before, "model": a.model or "tiny random DSL model (d=64, 2 layers, toy vocab)",
-                        "requests": a.requests, "max_batch": a.max_batch, "threads": a.threads,
-                        "kinds": [{"kind": k, "fields": f, "max_tokens": g, "share": w} for k, f, g, w in KINDS],
+        built = f"random DSL model (d={a.d_model}, {a.layers} layers, toy vocabulary)"
+        result: dict = {"before": a.before, "model": a.model or built,
+                        "requests": a.requests, "long_nfe": a.long_nfe, "max_batch": a.max_batch, "threads": a.threads,
+                        "kinds": [{"kind": k, "fields": f, "max_tokens": g, "share": w} for k, f, g, w in mix],
                         "rates": {}, "command": command_line()}
         for i, rate in enumerate(a.rates):
-            reqs = workload(rate, a.requests, a.seed + i)
+            reqs = workload(rate, a.requests, a.seed + i, mix)
             order = ["before", "engine"] if i % 2 == 0 else ["engine", "before"]
             result["rates"][f"{rate:g}"] = {}
             for name in order:
                 srv = ServerProcess(sides[name], model, max_batch=a.max_batch, threads=a.threads)
                 try:
-                    run_load(srv.base, reqs[:2])  # warm-up: the first request of a fresh process pays its set-up
-                    m = run_load(srv.base, reqs)
+                    run_load(srv.base, reqs[:2], mix)  # warm-up: the first request of a fresh process pays its set-up
+                    m = run_load(srv.base, reqs, mix)
                 finally:
                     srv.close()
                 result["rates"][f"{rate:g}"][name] = m
@@ -222,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             result["rates"][f"{rate:g}"] = {k: result["rates"][f"{rate:g}"][k] for k in ("before", "engine")}
         shutil.rmtree(tmpdir / "before", ignore_errors=True)
     print(markdown(result))
-    write_json(a.json or (RESULTS if a.write else None), result)
+    write_json(a.json or (RESULTS / f"serve_mixed_nfe{a.long_nfe}.json" if a.write else None), result)
     if a.write:
-        write_section("Mixed traffic: continuous batching against fixed batches", markdown(result), page="serving.md")
+        write_section(f"Mixed traffic: continuous batching against fixed batches (long requests NFE {a.long_nfe})",
+                      markdown(result), page="serving.md")
     return 0
 
 
