@@ -6,7 +6,8 @@ Each server runs as `python -m dsl_llada serve` in its own process on a loopback
 (`--max-batch`, `--threads`); the client sends every request as a stream at its scheduled arrival time whatever
 the server is doing (open loop) and measures, per request, the latency to the final event and the time to its first
 denoising step event. Per server and arrival rate: throughput (requests and response tokens per second, from the
-first arrival to the last answer), p50/p95 latency and time to first step. Rates are run in turn, and for each rate
+first arrival to the last answer), p50/p95 latency (of all requests, and of the short ones alone) and time to first
+step. Rates are run in turn, and for each rate
 the two servers alternate which goes first; the load average is recorded before and after every run.
 
 Usage:  python benchmarks/bench_serve_mixed.py --before 9d90ceb --rates 1 2 4 --requests 24 --threads 1 --write
@@ -147,12 +148,14 @@ def run_load(base: str, reqs: list[dict], mix: list) -> dict:
     ok = [r for r in out if r["ok"]]
     span = max(r["done"] for r in ok) - min(r["sent"] for r in ok)
     lat = [r["latency"] for r in ok]
+    short = [r["latency"] for r in ok if r["kind"] in (mix[0][0], mix[2][0])]
     ttfs = [r["first_step"] for r in ok if r["first_step"] is not None]
     by_kind = {k: round(statistics.median([r["latency"] for r in ok if r["kind"] == k]), 3)
                for k, *_ in mix if any(r["kind"] == k for r in ok)}
     return {"answered": f"{len(ok)}/{len(reqs)}", "req_per_s": round(len(ok) / span, 3),
             "tokens_per_s": round(sum(r["tokens"] for r in ok) / span, 1),
             "p50_s": round(pct(lat, 0.5), 3), "p95_s": round(pct(lat, 0.95), 3),
+            "short_p50_s": round(pct(short, 0.5), 3), "short_p95_s": round(pct(short, 0.95), 3),
             "ttfs_p50_s": round(pct(ttfs, 0.5), 3), "ttfs_p95_s": round(pct(ttfs, 0.95), 3),
             "p50_by_kind_s": by_kind, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
 
@@ -172,18 +175,21 @@ def markdown(result: dict) -> str:
              + f". Model: {result['model']}; `--max-batch {result['max_batch']}`, {result['threads']} torch thread(s) "
              f"per server. *before* = `{result['before']}` (batches only equal settings and prompt lengths; a "
              f"request cannot join a running batch), *engine* = this tree. Interleaved per rate.", "",
-             "| rate (req/s) | server | answered | req/s | tokens/s | p50 s | p95 s | first step p50 s | "
-             "first step p95 s | load avg before/after |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| rate (req/s) | server | answered | req/s | tokens/s | p50 s | p95 s | short p50 s | short p95 s | "
+             "first step p50 s | first step p95 s | load avg before/after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rate, sides in result["rates"].items():
         for name in ("before", "engine"):
             m = sides[name]
             lines.append(f"| {rate} | {name} | {m['answered']} | {m['req_per_s']} | {m['tokens_per_s']} | {m['p50_s']} "
-                         f"| {m['p95_s']} | {m['ttfs_p50_s']} | {m['ttfs_p95_s']} | {m['load_before']} / "
-                         f"{m['load_after']} |")
-    lines += ["", "| rate (req/s) | p95 latency before / engine | throughput engine / before |", "|---|---|---|"]
+                         f"| {m['p95_s']} | {m['short_p50_s']} | {m['short_p95_s']} | {m['ttfs_p50_s']} "
+                         f"| {m['ttfs_p95_s']} | {m['load_before']} / {m['load_after']} |")
+    lines += ["", "| rate (req/s) | p95 latency before / engine | short requests' p95 before / engine | first step p95 "
+              "before / engine | throughput engine / before |", "|---|---|---|---|---|"]
     for rate, sides in result["rates"].items():
         b, e = sides["before"], sides["engine"]
-        lines.append(f"| {rate} | {b['p95_s'] / e['p95_s']:.2f}x | {e['req_per_s'] / b['req_per_s']:.2f}x |")
+        lines.append(f"| {rate} | {b['p95_s'] / e['p95_s']:.2f}x | {b['short_p95_s'] / e['short_p95_s']:.2f}x | "
+                     f"{b['ttfs_p95_s'] / e['ttfs_p95_s']:.2f}x | {e['req_per_s'] / b['req_per_s']:.2f}x |")
     lines += ["", f"Command: `{result['command']}`"]
     return "\n".join(lines)
 
