@@ -45,7 +45,7 @@ def add_serve_parser(sub: Any) -> None:
     from ..cli_config import add_config_args
     from .settings import ServerConfig
 
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with dynamic batching and streamed denoising")
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching and streamed denoising")
     _add_model_args(s, required=True, port=SERVE_PORT)
     s.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
     add_config_args(s.add_argument_group("batching"), (ServerConfig, "server"))
