@@ -44,6 +44,16 @@ def library_ids(model, tokenizer, prompt: str, sampler: str, config, seed: int, 
     return out.responses()[0]
 
 
+def library_batch_texts(model, tokenizer, prompts: list[str], sampler: str, config, seed: int) -> list[str]:
+    """What the library samples for `prompts` in one batched call (left-padded, prompt i with a generator seeded
+    `seed + i`, as `generation.generate` runs them), chat template applied."""
+    ids = [encode_prompt(tokenizer, p, chat_template=True) for p in prompts]
+    batch = PromptBatch.from_lists(ids, pad_id=model.special.pad_id)
+    fn = {"sde": sample_sde, "block-sde": sample_sde, "remask": sample_remask, "remdm": sample_remdm}[sampler]
+    out = fn(model, batch, config, generator=[torch.Generator().manual_seed(seed + i) for i in range(len(ids))])
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in out.responses()]
+
+
 def library_text(model, tokenizer, prompt: str, sampler: str, config, seed: int, *, chat_template: bool = True) -> str:
     return tokenizer.decode(library_ids(model, tokenizer, prompt, sampler, config, seed, chat_template=chat_template),
                             skip_special_tokens=True)

@@ -133,7 +133,7 @@ def test_serve_flags_come_from_server_config():
         return config_from_args(ServerConfig, build_parser().parse_args(["serve", "--model", "m", *argv]))
 
     assert settings() == ServerConfig()
-    assert settings("--max-batch", "3", "--max-wait-ms", "0", "--max-queue", "9", "--pad-batches") == ServerConfig(
-        max_batch=3, max_wait_ms=0.0, max_queue=9, pad_batches=True)
+    assert settings("--max-batch", "3", "--max-wait-ms", "0", "--max-queue", "9", "--max-batch-tokens", "512") == \
+        ServerConfig(max_batch=3, max_wait_ms=0.0, max_queue=9, max_batch_tokens=512)
     with pytest.raises(ConfigError, match="max_queue=0 must be >= 1"):
         settings("--max-queue", "0")

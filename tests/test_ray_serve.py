@@ -161,7 +161,7 @@ def test_app_builder_takes_the_commands_options(model_dir):
 
     from dsl_llada.serve.ray_app import app_builder
 
-    app = app_builder({"model": str(model_dir), "num_replicas": "2", "pad_batches": True, "allowed_host": ["a", "b"]})
+    app = app_builder({"model": str(model_dir), "num_replicas": "2", "max_batch_tokens": "512", "allowed_host": ["a", "b"]})
     assert isinstance(app, Application)
 
 

@@ -195,13 +195,14 @@ def test_health_fails_when_the_worker_is_stuck(tiny, monkeypatch):
     app = create_app(model, tok, model_name="tiny", limits=Limits.for_model(64, 1, request_timeout_s=0.3))
     svc = app.state.service
     gate = threading.Event()
-    monkeypatch.setattr(svc.batcher, "run_batch", lambda jobs: gate.wait(60) and [])
+    real = svc.engine.step
+    monkeypatch.setattr(svc.engine, "step", lambda: gate.wait(60) and real())  # the first tick hangs until set
     with TestClient(app) as c:
         assert c.get("/health").status_code == 200
         with ThreadPoolExecutor(1) as pool:
             fut = pool.submit(c.post, "/v1/chat/completions", json=chat("hi", max_tokens=4, nfe=2))
             t0 = time.monotonic()
-            while not svc.batcher.running and time.monotonic() - t0 < 30:
+            while not svc.batcher.busy and time.monotonic() - t0 < 30:
                 time.sleep(0.01)
             time.sleep(0.5)
             h = c.get("/health")

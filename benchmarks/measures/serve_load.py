@@ -135,8 +135,8 @@ def reference_texts(model, tok, items, sampler: str, config) -> dict[tuple[str, 
 
 
 def run_mode(model, tok, items, *, sampler: str, fields: dict, gen_length: int, max_batch: int, max_wait_ms: float,
-             reference: dict, timeout_s: float, pad_batches: bool = False, label: str = "") -> ModeResult:
-    srv = Server(model, tok, max_batch=max_batch, timeout_s=timeout_s, max_wait_ms=max_wait_ms, pad_batches=pad_batches)
+             reference: dict, timeout_s: float, label: str = "") -> ModeResult:
+    srv = Server(model, tok, max_batch=max_batch, timeout_s=timeout_s, max_wait_ms=max_wait_ms)
     latencies: list[float] = []
     texts: dict[tuple[str, int], str] = {}
     batch_sizes: list[int] = []
@@ -178,11 +178,10 @@ def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int
     fields, config = sampler_config(sampler, steps, gen_length)
     items = work_items(clients, requests)
     reference = reference_texts(model, tok, items, sampler, config)
-    plan = [("batched (equal-length prompts, default)", max_batch, False),
-            ("batched with --pad-batches", max_batch, True), ("--max-batch 1", 1, False)]
+    plan = [("batched (default)", max_batch), ("--max-batch 1", 1)]
     modes = [run_mode(model, tok, items, sampler=sampler, fields=fields, gen_length=gen_length, max_batch=b,
-                      max_wait_ms=max_wait_ms, reference=reference, timeout_s=timeout_s, pad_batches=pad, label=label)
-             for label, b, pad in plan]
+                      max_wait_ms=max_wait_ms, reference=reference, timeout_s=timeout_s, label=label)
+             for label, b in plan]
     single = modes[-1]
 
     def tput(m: ModeResult) -> float:
@@ -197,7 +196,7 @@ def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int
 
 class Server:
     """An in-process server on an ephemeral loopback port, with an `openai` client; `app_options` go to
-    `create_app` (max_wait_ms, pad_batches)."""
+    `create_app` (max_wait_ms, max_batch_tokens)."""
 
     def __init__(self, model, tok, *, max_batch: int, timeout_s: float, **app_options):
         import openai
@@ -371,9 +370,9 @@ def markdown(result: dict, *, command: str, model_desc: str) -> str:
     for m in result["modes"]:
         lines.append(f"| {m['mode']} | {m['answered']} | {m['equal_to_library']} | {m['mean_batch']} | {m['p50_s']} "
                      f"| {m['p95_s']} | {m['req_per_s']} | {m['tokens_per_s']} |")
-    (t_exact, t_pad), (l_exact, l_pad) = result["throughput_ratio"], result["p50_ratio"]
-    lines += ["", (f"Throughput ratio batched / `--max-batch 1`: **{t_exact}x** (default), **{t_pad}x** "
-              f"(`--pad-batches`); p50 latency ratio `--max-batch 1` / batched: {l_exact}x, {l_pad}x."), ""]
+    (t_batched,), (l_batched,) = result["throughput_ratio"], result["p50_ratio"]
+    lines += ["", (f"Throughput ratio batched / `--max-batch 1`: **{t_batched}x**; p50 latency ratio `--max-batch 1` / "
+              f"batched: {l_batched}x."), ""]
     return "\n".join(lines)
 
 

@@ -23,11 +23,24 @@ from .common import ForwardCounter
 from .kv_cache import WindowKVCache
 
 
+def scale_states(y: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
+    """γ · y, the converter's input: one SNR for every row (a float), or one per row (a (B,) tensor, which the
+    step-level engine uses for rows at different points of their SNR grids). A row's value is the same either way:
+    a float γ is rounded once to y's dtype before the product, as a (B,) tensor of the same values is."""
+    if isinstance(gamma, torch.Tensor):
+        if gamma.dim() != 1 or gamma.shape[0] != y.shape[0]:
+            raise ValueError(f"a per-row gamma must be a (B,) tensor with B = {y.shape[0]} rows, "
+                             f"got shape {tuple(gamma.shape)}")
+        return gamma.to(device=y.device, dtype=y.dtype).view(-1, *([1] * (y.dim() - 1))) * y
+    return gamma * y
+
+
 @dataclass(frozen=True, eq=False)
 class Denoiser:
     """ê(y, γ) for the response window that follows `context`; calling it returns (ê, logits).
 
-    y: (B, W, d) normalised noisy states of the W window positions; γ: the SNR of this evaluation.
+    y: (B, W, d) normalised noisy states of the W window positions; γ: the SNR of this evaluation, one float for
+    every row or a (B,) tensor with one SNR per row (`scale_states`).
 
     The fields are never reassigned (`frozen`), but three of them are run state that every call changes and that
     the `with_context` copies share: `forward` counts the passes, `cache` moves to the window being denoised, and
@@ -91,10 +104,10 @@ class Denoiser:
         """Backbone forwards executed so far through this denoiser and its `with_context` copies."""
         return self.forward.count
 
-    def logits(self, y: torch.Tensor, gamma: float) -> torch.Tensor:
+    def logits(self, y: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
         """(B, W, V) backbone logits at the window positions for states y at SNR gamma (one forward pass; the
         backbone applies its final norm and output head to the window rows only)."""
-        h = self.model.converter(gamma * y, self.noise_table, self.beta, tolerance=self.tolerance,
+        h = self.model.converter(scale_states(y, gamma), self.noise_table, self.beta, tolerance=self.tolerance,
                                  workspace=self.workspace).to(self.context.dtype)
         parts = [self.context, h] if self.future is None else [self.context, h, self.future]
         start = self.context.shape[1]
@@ -102,7 +115,7 @@ class Denoiser:
             self.cache.start_window(start, start + y.shape[1])  # a new window (Block SDE: the next block)
         return self.forward(torch.cat(parts, dim=1), self.attention_mask, positions=slice(start, start + y.shape[1]))
 
-    def __call__(self, y: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, y: torch.Tensor, gamma: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ê, logits): the top-M posterior mean over E (B, W, d) and the window logits it came from."""
         logits = self.logits(y, gamma)
         return self.model.posterior_mean(logits, self.top_m, self.noise_table, workspace=self.workspace), logits

@@ -40,6 +40,18 @@ def inference_beta(model: DSLModel, config: SDEConfig) -> float:
     return config.beta_absolute if config.beta_absolute is not None else config.beta_scale * model.trained_beta
 
 
+def checked_beta(model: DSLModel, config: SDEConfig) -> float:
+    """beta_inf (`inference_beta`), after checking that the converter's logits beta * gamma * (ê . k), |ê . k| <= 1,
+    stay finite in float32 up to gamma_max (a NaN beta is damaged weights: the first-forward guard's case)."""
+    beta = inference_beta(model, config)
+    if beta * config.gamma_max > FP32_MAX:
+        which = "beta_absolute" if config.beta_absolute is not None else "beta_scale"
+        raise ConfigError(f"beta_inf={beta:g} ({which}; trained beta {model.trained_beta:g}) times "
+                          f"gamma_max={config.gamma_max:g} exceeds float32's largest value {FP32_MAX:.4g}: the "
+                          f"converter's logits would overflow; lower {which} or gamma_max")
+    return beta
+
+
 def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: float, predictor_noise: bool,
                rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], torch.Tensor | None] | None = None,
                check_first: Callable[[torch.Tensor], None] | None = None,
@@ -89,14 +101,7 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig,
     prompts = prompts.to(backbone.input_embeddings().weight.device)
     check_prompt_fits(backbone.max_length, prompts, config.gen_length)
     grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
-    beta = inference_beta(model, config)
-    # the converter's logits beta * gamma * (ê . k), |ê . k| <= 1, must be finite in float32 (a NaN beta is damaged
-    # weights: the first-forward guard's case)
-    if beta * config.gamma_max > FP32_MAX:
-        which = "beta_absolute" if config.beta_absolute is not None else "beta_scale"
-        raise ConfigError(f"beta_inf={beta:g} ({which}; trained beta {model.trained_beta:g}) times "
-                          f"gamma_max={config.gamma_max:g} exceeds float32's largest value {FP32_MAX:.4g}: the "
-                          f"converter's logits would overflow; lower {which} or gamma_max")
+    beta = checked_beta(model, config)
     denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=beta,
                                   top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length),
                                   tolerance=config.converter_tolerance, compile=config.compile,

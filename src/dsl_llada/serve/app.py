@@ -1,8 +1,8 @@
 """The OpenAI-compatible FastAPI app: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
 
 Each route is a plain function over the app's `Service` (`request.app.state.service`); requests become jobs for
-the `Batcher` (dynamic batching); `stream: true` answers with server-sent events (`stream.py`). Every error is an
-OpenAI-style JSON body; in a stream that already began, one final error event.
+the `Batcher` (continuous batching on the step-level engine); `stream: true` answers with server-sent events
+(`stream.py`). Every error is an OpenAI-style JSON body; in a stream that already began, one final error event.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DISCONNECT_POLL_S = 0.25
 
 def create_app(model: Any, tokenizer: Any, *, model_name: str = "dsl-llada", max_batch: int = ServerConfig.max_batch,
                max_wait_ms: float = ServerConfig.max_wait_ms, max_queue: int = ServerConfig.max_queue,
-               api_key: str | None = None, pad_batches: bool = ServerConfig.pad_batches,
+               api_key: str | None = None, max_batch_tokens: int | None = ServerConfig.max_batch_tokens,
                limits: Limits | None = None, allowed_hosts: set[str] | None = None, bind_host: str = "127.0.0.1",
                shutdown_grace_s: float | None = 30.0, environment: dict[str, Any] | None = None) -> FastAPI:
     """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer; the batching
@@ -50,7 +50,7 @@ def create_app(model: Any, tokenizer: Any, *, model_name: str = "dsl-llada", max
     how long a shutdown waits for queued/running work before cancelling it; `environment`: the record /health shows.
     """
     svc = Service(model, tokenizer, model_name=model_name, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                  max_queue=max_queue, api_key=api_key, pad_batches=pad_batches, limits=limits,
+                  max_queue=max_queue, api_key=api_key, max_batch_tokens=max_batch_tokens, limits=limits,
                   environment=environment)
     app = FastAPI(title="dsl-llada", lifespan=lifespan)
     app.state.service = svc
@@ -90,8 +90,9 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     svc = service_of(request.app)
-    return PlainTextResponse(svc.metrics.render(queue_length=svc.batcher.queue_length, running=len(svc.batcher.running)),
-                             media_type="text/plain; version=0.0.4")
+    text = svc.metrics.render(queue_length=svc.batcher.queue_length, running=len(svc.batcher.running),
+                              batch_tokens=svc.engine.batch_tokens)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 async def models(request: Request) -> Response:
@@ -168,7 +169,7 @@ async def respond(svc: Service, req: SamplingFields, request: Request, prompts: 
 
 async def wait_or_leave(svc: Service, jobs: list[Job], request: Request) -> list[Any] | None:
     """The jobs' results (an exception in place of a failed job's), or None when the client disconnected first
-    (its jobs are then cancelled: queued ones leave the queue, running ones their batch's next step)."""
+    (its jobs are then cancelled: queued ones leave the queue, running ones the batch at the next tick)."""
     futures = [j.submitted for j in jobs]
     while True:
         done, pending = await asyncio.wait(futures, timeout=DISCONNECT_POLL_S)

@@ -1,4 +1,7 @@
-"""Run one batch of jobs through the library's samplers (no sampling code here: `dsl_llada.sampling` does it)."""
+"""Jobs to the library's samplers and back (no sampling code here: `dsl_llada.sampling` does it): `EngineRows` hands
+a job to the step-level engine as one row (seeded generator, step callback for its stream and logprobs) and turns
+the row's result into the job's answer; `BatchRunner` runs the jobs the engine refuses as one fixed-batch sampler
+call."""
 
 from __future__ import annotations
 
@@ -13,9 +16,10 @@ import torch
 from ..backbones.base import model_device
 from ..generation import run_sampler
 from ..sampling import PromptBatch, StepInfo
+from ..sampling.engine import Engine, EngineResult
 from ..sampling.guards import FiniteLogitsGuard
 from ..sampling.observers import chain_callbacks
-from .batcher import Job, RequestTimeout
+from .batcher import Job, RequestTimeout, RowAdapter
 from .logprobs import LogprobRecorder, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,7 @@ class JobResult:
     nfe: int
     forward_passes: int
     batch_size: int
+    """The most rows that ran together while this one ran (itself included)."""
     logprobs: list[TokenLogprob] | None = None
     """Per response token (after truncation): its log-probability under the sampler's final distribution and the
     top alternatives (only when the request asked for logprobs)."""
@@ -69,8 +74,44 @@ def step_event(info: StepInfo, row: int, tokenizer) -> dict[str, Any]:
     return ev
 
 
+class EngineRows(RowAdapter):
+    """A job as one engine row: its seeded generator, and a step callback that checks the NaN guard, records
+    logprobs when the job asked for them and streams step events (`step_event`); the row's result as a JobResult.
+    Cancellation and deadlines are the worker's (it removes the row at a tick boundary)."""
+
+    def __init__(self, model, tokenizer):
+        self.tokenizer = tokenizer
+        self.mask_id = model.special.mask
+
+    def submit(self, engine: Engine, job: Job) -> int:
+        recorder = None
+        if job.top_logprobs is not None:
+            recorder = job.recorder = LogprobRecorder(1, job.config.gen_length, job.top_logprobs, self.mask_id)
+        tokenizer = self.tokenizer
+
+        def on_step(info: StepInfo) -> None:
+            if recorder is not None:
+                recorder(info)
+            if info.decode:
+                return  # the SDE's decode call is not a step of the stream
+            if job.events is not None and not job.cancelled:
+                job.emit(step_event(info, 0, tokenizer))
+
+        return engine.submit(job.prompt_ids, job.config, generator=seeded_generator(job.seed),
+                             callback=chain_callbacks(FiniteLogitsGuard(), on_step), tag=job)
+
+    def result(self, job: Job, result: EngineResult) -> JobResult:
+        ids = result.response
+        lp = None
+        if job.recorder is not None and job.top_logprobs is not None:
+            lp = job.recorder.row(0, len(ids), job.top_logprobs, ids)
+        return JobResult(ids=ids, gen_length=job.config.gen_length, nfe=result.nfe,
+                         forward_passes=result.forward_passes, batch_size=job.peak_rows, logprobs=lp)
+
+
 class BatchRunner:
-    """`run(jobs)`: one batched sampler call for jobs sharing the key (sampler name, config[, prompt length]).
+    """`run(jobs)`: one fixed-batch sampler call for jobs sharing the key (sampler name, config, prompt length):
+    the server runs the jobs the step-level engine refuses (approximate key/value caching) this way.
 
     Its step callback (the samplers' observer protocol) checks the NaN guard, reports progress, removes the rows
     of jobs that were cancelled or passed their deadline from the running batch (`StepInfo.drop`: the sampler

@@ -80,7 +80,7 @@ def _add_serve_options(s: argparse.ArgumentParser, *, ui: bool) -> None:
 
 def add_serve_parser(sub: Any) -> None:
     """Register `serve`, `ray-serve` and `ui` on the `dsl-llada` subparsers."""
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with dynamic batching and streamed denoising")
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching and streamed denoising")
     _add_serve_options(s, ui=True)
     s.set_defaults(func=cmd_serve)
 

@@ -1,4 +1,4 @@
-"""What one request handler needs: model, tokenizer, limits, batcher, metrics, and the request -> jobs -> response
+"""What one request handler needs: model, tokenizer, limits, the engine's batcher, metrics, and the request -> jobs -> response
 steps (encoding, checks, results to OpenAI choices). Tokenization and detokenization of anything but small texts
 run on a small thread pool, never on the event loop (`encode_*` / `finish` are called through `off_loop`)."""
 
@@ -10,14 +10,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
+from ..config import RemaskConfig
 from ..loading import encode_messages, encode_prompt
 from ..model import DSLModel
+from ..sampling.engine import Engine
 from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
 from ..backbones.base import context_limit
-from .runner import BatchRunner, JobResult
+from .runner import BatchRunner, EngineRows, JobResult
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
 
 
@@ -33,10 +35,10 @@ class Service:
     """Everything one request handler needs: model, tokenizer, limits, batcher, metrics, settings."""
 
     def __init__(self, model, tokenizer, *, model_name: str, max_batch: int, max_wait_ms: float, max_queue: int,
-                 api_key: str | None, pad_batches: bool = False, limits: Limits | None = None,
+                 api_key: str | None, max_batch_tokens: int | None = None, limits: Limits | None = None,
                  environment: dict[str, Any] | None = None):
         self.model, self.tokenizer, self.model_name, self.api_key = model, tokenizer, model_name, api_key
-        self.pad_batches = pad_batches
+        self.max_batch_tokens = max_batch_tokens
         self.has_converter = isinstance(model, DSLModel)
         self.default_sampler = "sde" if self.has_converter else "remask"
         backbone = model.backbone if self.has_converter else model
@@ -51,9 +53,10 @@ class Service:
             environment = environment_record(device=param.device, dtype=param.dtype)
         self.environment = environment
         self.metrics = Metrics()
-        self.batcher = Batcher(BatchRunner(model, tokenizer, progress=lambda: self.batcher.progress()),
-                               max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                               on_batch=self._on_batch)
+        self.engine = Engine(model, max_rows=max_batch, max_tokens=max_batch_tokens)
+        self.batcher = Batcher(self.engine, EngineRows(model, tokenizer),
+                               fixed_batch=BatchRunner(model, tokenizer, progress=lambda: self.batcher.progress()),
+                               max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=self.metrics)
         self.text_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsl-llada-text")
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -79,18 +82,11 @@ class Service:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.text_pool, fn, *args)
 
-    def _on_batch(self, jobs, seconds: float, error: BaseException | None) -> None:
-        done = [j.future.result() for j in jobs if error is None and j.future is not None and j.future.done()
-                and not j.future.cancelled() and j.future.exception() is None]
-        self.metrics.batch_done(len(jobs), seconds, sum(len(r.ids) for r in done),
-                                done[0].forward_passes if done else 0,
-                                error is not None)
-
     def health(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body): 503 when a batch runs and the worker has made no step for longer than the longest
-        allowed request (stuck), or while draining."""
+        """(HTTP status, body): 503 when rows are running and the worker has made no tick for longer than the
+        longest allowed request (stuck), or while draining."""
         stalled = time.monotonic() - self.batcher.last_progress
-        stuck = bool(self.batcher.running) and stalled > self.limits.request_timeout_s
+        stuck = self.batcher.busy and stalled > self.limits.request_timeout_s
         status = "stuck" if stuck else ("draining" if self.batcher.closing else "ok")
         body = {"status": status, "model": self.model_name, "queue_length": self.batcher.queue_length,
                 "running": len(self.batcher.running), "last_progress_s_ago": round(stalled, 3),
@@ -154,15 +150,23 @@ class Service:
                                    f"{len(ids) + config.gen_length} tokens exceed the model's context of {self.context}; "
                                    f"shorten the prompt or reduce max_tokens/gen_length", param,
                                    code="context_length_exceeded")
+            pair = len(ids) + config.gen_length
+            tokens = pair * (2 if isinstance(config, RemaskConfig) and config.cfg_scale > 0 else 1)
+            if self.max_batch_tokens is not None and config.kv_cache == "off" and tokens > self.max_batch_tokens:
+                twice = " (twice for cfg_scale > 0)" if tokens > pair else ""
+                raise RequestError(f"the prompt is {len(ids)} tokens and gen_length is {config.gen_length}: {tokens} "
+                                   f"batch tokens{twice} can never fit this server's max_batch_tokens="
+                                   f"{self.max_batch_tokens} (--max-batch-tokens); shorten the prompt or reduce "
+                                   f"max_tokens/gen_length",
+                                   param, code="request_too_large")
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
         events: asyncio.Queue | None = asyncio.Queue() if stream else None
         flat = [p for p in prompts for _ in range(req.n)]
         deadline = time.monotonic() + self.limits.request_timeout_s
-        # Every row has its own generator, so its random draws are those of the request run alone. By default only
-        # equal-length prompts share a batch (no padding; what remains is rounding that may change with the batch
-        # shape). pad_batches also batches different lengths (left padding + attention mask): more batching, and
-        # the masked attention rounds differently (~1e-5 in the logits). Either can flip a near-tie token.
-        jobs = [Job(key=(name, config) if self.pad_batches else (name, config, len(ids)), prompt_ids=ids,
+        # Every row has its own generator (seed + k), so its random draws are those of the request run alone; what
+        # can differ is rounding that changes with the batch shape and padding (docs/serving.md, *Batching*). The key
+        # groups the fixed-batch calls of the jobs the engine refuses (same sampler, settings and prompt length).
+        jobs = [Job(key=(name, config, len(ids)), prompt_ids=ids, config=config,
                     seed=seed + k, index=k, events=events, deadline=deadline,
                     timeout_s=self.limits.request_timeout_s, top_logprobs=top_logprobs)
                 for k, ids in enumerate(flat)]

@@ -22,21 +22,22 @@ REPLICA_HEADER = "x-dsl-llada-replica"
 
 @dataclass(frozen=True)
 class ServerConfig(ConfigBase):
-    """How the server batches requests into sampler calls."""
+    """How the server's engine batches requests (continuous batching: requests join the running batch at any step)."""
 
     max_batch: int = 8
-    """Most requests in one sampler call."""
+    """Most requests (rows) in the running batch."""
+    max_batch_tokens: int | None = None
+    """Most batch tokens, prompt + response summed over the running rows (a classifier-free-guidance row counts
+    twice); a request that would pass it waits for room (none: only max_batch caps the batch)."""
     max_wait_ms: float = 0.0
-    """Longest the oldest request waits for others to batch with, in milliseconds (0: a lone request starts at once;
-    requests that arrive while a batch runs form the next batch)."""
+    """With no request running, how long the oldest request waits for others before the first step, in milliseconds
+    (0: a lone request starts at once; requests that arrive while others run join them at the next step)."""
     max_queue: int = 256
     """Most requests waiting; more get HTTP 429."""
-    pad_batches: bool = False
-    """Also batch prompts of different lengths (left padding + attention mask): more batching, but the masked
-    attention rounds differently (default: only equal-length prompts share a batch, the closest to each request run
-    alone)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_batch, int) and self.max_batch >= 1, f"max_batch={self.max_batch!r} must be >= 1")
+        _check(self.max_batch_tokens is None or (isinstance(self.max_batch_tokens, int) and self.max_batch_tokens >= 1),
+               f"max_batch_tokens={self.max_batch_tokens!r} must be >= 1 (or left out for no token cap)")
         _check(math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0, f"max_wait_ms={self.max_wait_ms!r} must be >= 0")
         _check(isinstance(self.max_queue, int) and self.max_queue >= 1, f"max_queue={self.max_queue!r} must be >= 1")

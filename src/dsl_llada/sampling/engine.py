@@ -1,0 +1,636 @@
+"""A step-level sampling engine: requests join at any denoising step and leave when done (continuous batching).
+
+The `sample_*` functions run one fixed batch from its first step to its last. `Engine` instead holds a set of live
+rows, each with its own prompt, sampler config, generator and sampler state, and advances all of them by one
+backbone forward pass per `step()` (a *tick*):
+
+- DSL-SDE and Block SDE rows carry their noisy state y, their index on their own SNR grid and their Heun stage
+  (predictor evaluation, corrector evaluation, or the final decode): a row at NFE 2S takes 2S + 1 ticks per window.
+- Remasking rows (low-confidence / random, blocks, EOS bans, a confidence threshold, ReMDM) carry their ids, block,
+  step inside the block and commit schedule: a row takes its step count in ticks (with a threshold, the steps its
+  blocks actually needed).
+
+Every tick is one batched forward over all live rows, whatever their sampler: each row contributes its input
+embeddings (SDE rows: the converter's output for their y at their own SNR, next to the clean prompt; discrete rows:
+the token embeddings of their ids; a classifier-free-guidance row also its prompt-masked copy), the sequences are
+left-padded to the longest with an attention mask, and the output head runs on the union of the rows' windows
+only. The converter runs once per group of SDE rows with the same beta_inf, tolerance and window width, with one
+SNR per row (`denoiser.scale_states`); the posterior mean once per group with the same top-M and width. Rows with
+`compile=True` go through the compiled backbone in a forward of their own (a compiled call and an eager call are
+different programs). Approximate key/value caching (`kv_cache` other than 'off') is refused: its cache follows one
+fixed batch through a window's steps, which rows joining and leaving at any step break; run such configs through
+the `sample_*` functions.
+
+A row's random draws come from its own generator, in the order the `sample_*` functions draw them, so its tokens
+are those of the same request run alone, in a fixed batch or joined mid-way, up to the rounding a different batch
+shape or padding can change in some kernels (docs/serving.md, *Batching*): the discrete samplers' tokens are the
+same in every arrangement; an SDE row's continuous trajectory can move by that rounding, which on a chaotic
+(untrained) model may flip a near-tied token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..backbones.base import Backbone, compiled, context_limit, model_device
+from ..config import RemaskConfig, SDEConfig
+from ..errors import ConfigError
+from ..model import DSLModel
+from ..numerics import Workspace, denormals_flushed_during
+from ..snr import snr_schedule
+from .common import RowRNG, SampleOutput, StepCallback, StepInfo, stop_lengths
+from .denoiser import scale_states
+from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
+from .remask import _step_info
+from .remask_step import NEG_INF, banned_ids, remask_step, remaining_quota, suppressed_steps, transfer_counts
+from .sde import checked_beta, decode_argmax
+
+__all__ = ["Engine", "EngineConfig", "EngineResult"]
+
+EngineConfig = SDEConfig | RemaskConfig
+"""The sampler configs the engine runs: SDEConfig (DSL-SDE, Block SDE) and RemaskConfig (remasking, ReMDM)."""
+
+
+@dataclass
+class EngineResult:
+    """One finished request: its response tokens and accounting, or why it stopped early."""
+
+    request_id: int
+    """The id `Engine.submit` returned."""
+    tag: Any
+    """Whatever the caller passed to `submit` as `tag`."""
+    config: EngineConfig
+    ids: torch.Tensor
+    """(L,) response tokens as decoded, on the CPU ([MASK] for a dropped or failed row)."""
+    length: int
+    """Response length after truncation at the first EOS/EoT (L when truncation is off or none occurs)."""
+    nfe: int
+    """The response's NFE as `SampleOutput.nfe` counts it (SDE: 2S per window; discrete: steps run)."""
+    forward_passes: int
+    """Backbone forward passes made for this row (SDE: 2S + 1 per window; discrete: steps, twice with CFG)."""
+    ticks: int
+    """Engine ticks the row was live for (each tick is one batched forward)."""
+    steps_per_block: list[int] | None = None
+    """Discrete samplers: the steps the row took in each block; None for the SDE."""
+    dropped: bool = False
+    """A step callback dropped the row (`StepInfo.drop`) or the caller cancelled it (`Engine.cancel`)."""
+    error: str | None = None
+    """'ExceptionType: message' when the row's own computation raised (the other rows went on)."""
+    exception: BaseException | None = None
+    """The exception behind `error` (to re-raise it)."""
+
+    @property
+    def response(self) -> list[int]:
+        """The response ids truncated at `length`."""
+        return self.ids[: self.length].tolist()
+
+    def output(self) -> SampleOutput:
+        """This row as a batch-of-one `SampleOutput` (what the `sample_*` function returns for it alone)."""
+        spb = None if self.steps_per_block is None else torch.tensor([self.steps_per_block], dtype=torch.long)
+        return SampleOutput(ids=self.ids[None], lengths=torch.tensor([self.length]), nfe=self.nfe,
+                            forward_passes=self.forward_passes,
+                            config={"sampler": self.config.sampler_name, **self.config.to_dict()},
+                            dropped=[0] if self.dropped else [], steps_per_block=spb)
+
+
+@dataclass
+class _Sequence:
+    """One sequence of a tick's forward: its input embeddings and the window whose logits it needs."""
+
+    embeds: torch.Tensor
+    """(T, H) input embeddings."""
+    lo: int
+    hi: int
+    """Window [lo, hi) in the sequence's own columns."""
+    columns: list[int] | None = None
+    """Columns of the window (0-based inside it) whose logits are needed; None = all (the others are zeros)."""
+
+
+class _Row:
+    """A live request. Subclasses hold the sampler state and compute one tick's update from the window logits."""
+
+    def __init__(self, engine: Engine, request_id: int, tag: Any, prompt: torch.Tensor, config: EngineConfig,
+                 generator: torch.Generator | None, callback: StepCallback | None):
+        self.engine, self.id, self.tag, self.config, self.callback = engine, request_id, tag, config, callback
+        self.prompt = prompt
+        self.rng = RowRNG(None if generator is None else [generator], 1)
+        self.forwards = 0
+        self.ticks = 0
+
+    def result(self, ids: torch.Tensor, *, nfe: int, steps_per_block: list[int] | None = None, dropped: bool = False,
+               error: BaseException | None = None) -> EngineResult:
+        special = self.engine.special
+        ids = ids.to("cpu", copy=True)
+        if dropped or error is not None:
+            length = 0
+        elif self.config.truncate_at_eos:
+            length = int(stop_lengths(ids[None], special.stop_ids())[0])
+        else:
+            length = ids.shape[0]
+        return EngineResult(self.id, self.tag, self.config, ids, length, nfe, self.forwards, self.ticks,
+                            steps_per_block, dropped, None if error is None else f"{type(error).__name__}: {error}",
+                            error)
+
+    def notify(self, info: StepInfo) -> bool:
+        """Run the callback on `info`; True when it dropped this row."""
+        if self.callback is None:
+            return False
+        self.callback(info)
+        return bool(info.dropping)
+
+    def abandon(self, dropped: bool, error: BaseException | None) -> EngineResult:
+        raise NotImplementedError
+
+
+class _SDERow(_Row):
+    """DSL-SDE (one window over the whole response) or Block SDE (one window per block), Heun steps on the row's own
+    SNR grid: each step is a predictor tick and a corrector tick, each window ends with a decode tick."""
+
+    config: SDEConfig
+
+    def __init__(self, engine: Engine, *args: Any) -> None:
+        super().__init__(engine, *args)
+        model = engine.dsl_model
+        c = self.config
+        self.grid = engine.grid(c)
+        self.steps = c.steps
+        self.beta = checked_beta(model, c)
+        self.eta = c.resolved_eta()
+        self.L = c.gen_length
+        self.blk = c.block_length or c.gen_length
+        self.n_blocks = self.L // self.blk
+        self.mask_id = engine.special.mask
+        self.response = torch.full((self.L,), self.mask_id, dtype=torch.long, device=engine.device)
+        self.settings = {"gamma_min": c.gamma_min, "gamma_max": c.gamma_max, "eta": self.eta, "nfe": c.nfe,
+                         "schedule": c.schedule, "beta_inf": self.beta}
+        self.block = 0
+        self._start_block()
+
+    def _start_block(self) -> None:
+        model = self.engine.dsl_model
+        lo, hi = self.block * self.blk, (self.block + 1) * self.blk
+        self.context = model.context_embed(torch.cat([self.prompt, self.response[:lo]])[None])[0]
+        self.future = model.mask_embed(self.response[hi:][None])[0] if hi < self.L else None
+        self.y = F.normalize(self.rng.randn((1, self.blk, model.noise_dim), device=self.engine.device), dim=-1)
+        self.s = 0
+        self.stage = "predictor"
+
+    # -- what this tick evaluates
+    def gamma_in(self) -> float:
+        if self.stage == "predictor":
+            return float(self.grid[self.s])
+        if self.stage == "corrector":
+            return float(self.grid[self.s + 1])
+        return float(self.grid[-1])
+
+    def state_in(self) -> torch.Tensor:
+        return self.y_pred if self.stage == "corrector" else self.y
+
+    def group_key(self) -> tuple[float, float, int]:
+        return (self.beta, self.config.converter_tolerance, self.blk)
+
+    @property
+    def needs_mean(self) -> bool:
+        return self.stage != "decode"
+
+    def sequence(self, h: torch.Tensor) -> _Sequence:
+        parts = [self.context, h] if self.future is None else [self.context, h, self.future]
+        start = self.context.shape[0]
+        return _Sequence(torch.cat(parts, dim=0), start, start + self.blk)
+
+    # -- the update after the forward
+    def update(self, logits: torch.Tensor, e: torch.Tensor | None) -> EngineResult | None:
+        """logits (1, W, V) of the window; e (1, W, d) the posterior mean (None at the decode tick)."""
+        lo, hi = self.block * self.blk, (self.block + 1) * self.blk
+        if self.stage == "predictor":
+            if self.block == 0 and self.s == 0 and has_broken_logits(logits):
+                raise NonFiniteLogitsError(WEIGHTS_MESSAGE)
+            assert e is not None
+            g0, g1 = float(self.grid[self.s]), float(self.grid[self.s + 1])
+            delta = g1 - g0
+            self.dW = self.rng.randn(tuple(self.y.shape), device=self.y.device) * abs(delta) ** 0.5
+            self.v0 = (e - self.y) / g0
+            self.y_pred = self.y + delta * self.v0
+            if self.config.predictor_noise:
+                self.y_pred = self.y_pred + (self.eta / g0) * self.dW
+            self.stage = "corrector"
+            return None
+        if self.stage == "corrector":
+            assert e is not None
+            g0, g1 = float(self.grid[self.s]), float(self.grid[self.s + 1])
+            delta = g1 - g0
+            v1 = (e - self.y_pred) / g1
+            self.y = self.y + 0.5 * delta * (self.v0 + v1) + 0.5 * (self.eta / g0 + self.eta / g1) * self.dW
+            check_finite_state(self.y, "SDE state", self.settings)
+            s = self.s
+            self.s += 1
+            self.stage = "decode" if self.s == self.steps else "predictor"
+            if self.callback is not None:
+                mask_id = self.mask_id
+
+                def current() -> torch.Tensor:
+                    tokens = self.response.clone()
+                    tokens[lo:hi] = decode_argmax(logits, mask_id)[0]
+                    return tokens[None]
+
+                committed = (torch.arange(self.L, device=logits.device) < lo)[None]
+                info = StepInfo(step=self.block * self.steps + s, total_steps=self.n_blocks * self.steps,
+                                tokens=current, gamma=g1, extra={"block": self.block} if self.config.block_length else {},
+                                committed=committed, logits=logits, window=(lo, hi), rows=(0,))
+                if self.notify(info):
+                    return self.abandon(True, None)
+            return None
+        # decode: argmax with [MASK] excluded; NaN logits name the settings (never token 0 decoded from NaN)
+        if bool(torch.isnan(logits).any()):
+            check_finite_state(torch.tensor(float("nan")), "converter/backbone logits at the final SNR", self.settings)
+        self.response[lo:hi] = decode_argmax(logits, self.mask_id)[0]
+        if self.callback is not None:
+            pos = torch.arange(self.L, device=logits.device)
+            info = StepInfo(step=(self.block + 1) * self.steps - 1, total_steps=self.n_blocks * self.steps,
+                            tokens=self.response.clone()[None], gamma=float(self.grid[-1]),
+                            extra={"block": self.block} if self.config.block_length else {},
+                            committed=(pos < hi)[None], newly_committed=((pos >= lo) & (pos < hi))[None],
+                            logits=logits, window=(lo, hi), decode=True, rows=(0,))
+            if self.notify(info):
+                return self.abandon(True, None)
+        self.block += 1
+        if self.block == self.n_blocks:
+            return self.result(self.response, nfe=self.n_blocks * 2 * self.steps)
+        self._start_block()
+        return None
+
+    def abandon(self, dropped: bool, error: BaseException | None) -> EngineResult:
+        ids = torch.full((self.L,), self.mask_id, dtype=torch.long)
+        return self.result(ids, nfe=self.n_blocks * 2 * self.steps, dropped=dropped, error=error)
+
+
+class _RemaskRow(_Row):
+    """LLaDA remasking (and ReMDM-conf-loop): blocks left to right, `steps / n_blocks` steps each, one tick per
+    step; with a confidence threshold a block ends as soon as the row has no mask left in it."""
+
+    config: RemaskConfig
+
+    def __init__(self, engine: Engine, *args: Any) -> None:
+        super().__init__(engine, *args)
+        c = self.config
+        self.mask_id = engine.special.mask
+        self.P, self.L = self.prompt.shape[0], c.gen_length
+        self.blk = c.effective_block_length
+        self.n_blocks = self.L // self.blk
+        self.S_b = c.steps // self.n_blocks
+        self.n_suppress = suppressed_steps(c.eos_suppress_ratio, self.S_b)
+        self.x = torch.cat([self.prompt, torch.full((self.L,), self.mask_id, dtype=torch.long, device=engine.device)])
+        self.row_steps = [0] * self.n_blocks
+        self.step_count = 0
+        self.block = 0
+        self._start_block()
+
+    def _start_block(self) -> None:
+        lo, hi = self._window()
+        self.i = 0
+        self.schedule = transfer_counts(int((self.x[lo:hi] == self.mask_id).sum()), self.S_b)
+
+    def _window(self) -> tuple[int, int]:
+        return self.P + self.block * self.blk, self.P + (self.block + 1) * self.blk
+
+    def sequences(self) -> list[_Sequence]:
+        lo, hi = self._window()
+        embed = self.engine.backbone.embed
+        cols = None
+        if not self.config.remdm:  # a plain step reads only the still-masked positions' logits
+            cols = (self.x[lo:hi] == self.mask_id).nonzero().squeeze(1).tolist()
+        seqs = [_Sequence(embed(self.x[None])[0], lo, hi, cols)]
+        if self.config.cfg_scale > 0:  # the unconditional copy: the prompt masked
+            un_x = self.x.clone()
+            un_x[: self.P] = self.mask_id
+            seqs.append(_Sequence(embed(un_x[None])[0], lo, hi, cols))
+        return seqs
+
+    def update(self, logits: list[torch.Tensor]) -> EngineResult | None:
+        """logits: per sequence (1, W, V) float32 of the block (zeros in columns not asked for)."""
+        c, lo, hi = self.config, *self._window()
+        guided = logits[0]
+        if c.cfg_scale > 0:
+            un = logits[1]
+            guided.sub_(un).mul_(c.cfg_scale + 1.0).add_(un)
+        guided[..., self.mask_id] = NEG_INF
+        for tok in banned_ids(c, self.engine.special, self.i, self.n_suppress):
+            guided[..., tok] = NEG_INF
+        block = self.x[lo:hi][None]
+        if c.threshold is not None:
+            quota = remaining_quota((block == self.mask_id).sum(dim=1), self.S_b - self.i)
+        else:
+            quota = torch.tensor([self.schedule[self.i]], dtype=torch.long, device=block.device)
+        st = remask_step(guided, block, quota, block_step=self.i, steps_per_block=self.S_b, config=c,
+                         mask_id=self.mask_id, rng=self.rng)
+        self.x[lo:hi] = st.tokens[0]
+        self.row_steps[self.block] += 1
+        if self.callback is not None:
+            info = _step_info(self.x[self.P:][None], st, guided, (lo - self.P, hi - self.P), c, self.mask_id,
+                              step=self.step_count, block=self.block, block_step=self.i, rows=(0,))
+            if self.notify(info):
+                self.step_count += 1
+                return self.abandon(True, None)
+        self.step_count += 1
+        self.i += 1
+        block_done = self.i == self.S_b or (c.threshold is not None and not bool((self.x[lo:hi] == self.mask_id).any()))
+        if not block_done:
+            return None
+        self.block += 1
+        if self.block == self.n_blocks:
+            nfe = c.steps if c.threshold is None else self.step_count
+            return self.result(self.x[self.P:], nfe=nfe, steps_per_block=list(self.row_steps))
+        self._start_block()
+        return None
+
+    def abandon(self, dropped: bool, error: BaseException | None) -> EngineResult:
+        ids = torch.full((self.L,), self.mask_id, dtype=torch.long)
+        nfe = self.config.steps if self.config.threshold is None else self.step_count
+        return self.result(ids, nfe=nfe, steps_per_block=list(self.row_steps), dropped=dropped, error=error)
+
+
+@dataclass
+class _Pending:
+    request_id: int
+    tag: Any
+    prompt: torch.Tensor
+    config: EngineConfig
+    generator: torch.Generator | None
+    callback: StepCallback | None
+    tokens: int
+
+
+class Engine:
+    """Continuous batching over every sampler: `submit` requests at any time, `step` runs one tick (one batched
+    backbone forward over all live rows), finished rows come back from `step` as they finish.
+
+    `model`: a DSLModel (every sampler) or a bare Backbone (remasking and ReMDM only). `max_rows` caps the live
+    rows; `max_tokens` (optional) caps the batch tokens, prompt + response summed over live rows (a classifier-free
+    guidance row counts twice: it runs two sequences). Pending requests are admitted first in, first out at the
+    start of each tick while both caps hold; a request that could never fit (more tokens than `max_tokens`, or
+    more than the model's context) is refused by `submit` with a ValueError.
+
+    A row's exception (non-finite state or logits, or its callback raising) ends that row only: its result carries
+    `error` and `exception`, and the others go on. An exception of the shared forward pass propagates from `step`
+    with every row's state as it was before the tick.
+    """
+
+    def __init__(self, model: DSLModel | Backbone, *, max_rows: int = 8, max_tokens: int | None = None):
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows={max_rows!r} must be an int >= 1")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens={max_tokens!r} must be an int >= 1, or None for no token cap")
+        if not isinstance(model, (DSLModel, Backbone)):
+            raise ConfigError(f"the engine needs a DSLModel or a Backbone, got {type(model).__name__}")
+        self.model = model
+        self.backbone: Backbone = model.backbone if isinstance(model, DSLModel) else model
+        self.special = model.special
+        self.device = model_device(model)
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.context = context_limit(model)
+        self._pending: deque[_Pending] = deque()
+        self._live: list[_Row] = []
+        self._ids = itertools.count()
+        self._grids: dict[tuple[str, int, float, float], list[float]] = {}
+        self._noise: torch.Tensor | None = None
+        self._workspace = Workspace()
+        self.ticks = 0
+        """Ticks run so far."""
+        self.forward_passes = 0
+        """Backbone forward calls made so far (one per tick, more when compiled and eager rows are both live)."""
+
+    # -- the model pieces the rows share
+    @property
+    def dsl_model(self) -> DSLModel:
+        assert isinstance(self.model, DSLModel)
+        return self.model
+
+    def grid(self, config: SDEConfig) -> list[float]:
+        """The SNR grid of `config` as floats, built once per (schedule, steps, gamma_min, gamma_max)."""
+        key = (config.schedule, config.steps, config.gamma_min, config.gamma_max)
+        if key not in self._grids:
+            self._grids[key] = [float(g) for g in snr_schedule(*key)]
+        return self._grids[key]
+
+    def noise_table(self) -> torch.Tensor:
+        if self._noise is None:
+            self._noise = self.dsl_model.unit_noise()
+        return self._noise
+
+    # -- requests
+    def submit(self, prompt: Sequence[int] | torch.Tensor, config: EngineConfig, *,
+               generator: torch.Generator | None = None, callback: StepCallback | None = None,
+               tag: Any = None) -> int:
+        """Queue a request; it joins the running batch at the next tick with room. Returns its request id.
+
+        `prompt`: token ids (at least one). `config`: an SDEConfig or RemaskConfig. `generator`: the row's own
+        random generator (None: torch's global one, whose draws then depend on the other rows). `callback(StepInfo)`
+        after each of the row's steps, as the `sample_*` functions call it, with batch-of-one tensors (`rows`
+        (0,)); `info.drop(0)` ends the row (its result has `dropped`). `tag`: handed back in the result."""
+        ids = torch.as_tensor(list(prompt) if not isinstance(prompt, torch.Tensor) else prompt, dtype=torch.long)
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"a prompt must be a non-empty list of token ids, got shape {tuple(ids.shape)}")
+        if isinstance(config, SDEConfig):
+            if not isinstance(self.model, DSLModel):
+                raise ValueError(f"sampler {config.sampler_name!r} needs a DSL checkpoint (with noise_embed/"
+                                 f"converter); this model is a bare backbone — use 'remask'/'remdm' or convert it")
+            checked_beta(self.model, config)
+        elif not isinstance(config, RemaskConfig):
+            raise ValueError(f"config must be an SDEConfig or a RemaskConfig, got {type(config).__name__}")
+        if config.kv_cache != "off":
+            raise ConfigError(f"kv_cache={config.kv_cache!r}: the step-level engine runs kv_cache='off' only (an "
+                              f"approximate cache follows one fixed batch); use the sample_* functions for it")
+        P, L = ids.shape[0], config.gen_length
+        if self.context is not None and P + L > self.context:
+            raise ValueError(f"prompt length {P} + gen_length {L} = {P + L} tokens exceeds the model's context of "
+                             f"{self.context}; shorten the prompt or reduce gen_length to at most {self.context - P}")
+        tokens = (P + L) * (2 if isinstance(config, RemaskConfig) and config.cfg_scale > 0 else 1)
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise ValueError(f"request of {tokens} batch tokens (prompt {P} + gen_length {L}"
+                             f"{', twice for cfg_scale > 0' if tokens > P + L else ''}) can never fit the engine's "
+                             f"max_tokens={self.max_tokens}; raise max_tokens or shorten the request")
+        rid = next(self._ids)
+        self._pending.append(_Pending(rid, tag, ids.to(self.device), config, generator, callback, tokens))
+        return rid
+
+    def cancel(self, request_id: int) -> EngineResult | None:
+        """Remove a pending or live request now; its result (dropped) is returned, None when the id is unknown or
+        already finished."""
+        for p in self._pending:
+            if p.request_id == request_id:
+                self._pending.remove(p)
+                row = self._admit(p)
+                return row.abandon(True, None)
+        for row in self._live:
+            if row.id == request_id:
+                self._live.remove(row)
+                return row.abandon(True, None)
+        return None
+
+    @property
+    def live(self) -> int:
+        """Rows in the running batch."""
+        return len(self._live)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for room."""
+        return len(self._pending)
+
+    def __len__(self) -> int:
+        """Requests not finished yet (live and pending)."""
+        return len(self._live) + len(self._pending)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Batch tokens of the live rows (what `max_tokens` caps)."""
+        return sum(self._tokens_of(r) for r in self._live)
+
+    @staticmethod
+    def _tokens_of(row: _Row) -> int:
+        c = row.config
+        return (row.prompt.shape[0] + c.gen_length) * (2 if isinstance(c, RemaskConfig) and c.cfg_scale > 0 else 1)
+
+    def _admit(self, p: _Pending) -> _Row:
+        kind = _SDERow if isinstance(p.config, SDEConfig) else _RemaskRow
+        return kind(self, p.request_id, p.tag, p.prompt, p.config, p.generator, p.callback)
+
+    # -- ticks
+    @torch.no_grad()
+    @denormals_flushed_during
+    def step(self) -> list[EngineResult]:
+        """One tick: admit what fits, one batched forward over the live rows, every row's update. Returns the
+        rows that finished at this tick (in admission order)."""
+        results: list[EngineResult] = []
+        used = self.batch_tokens
+        while self._pending and len(self._live) < self.max_rows:
+            p = self._pending[0]
+            if self.max_tokens is not None and used + p.tokens > self.max_tokens:
+                break
+            self._pending.popleft()
+            try:
+                row = self._admit(p)
+            except Exception as e:  # noqa: BLE001  (this request's own set-up failed: it ends, the others go on)
+                results.append(EngineResult(p.request_id, p.tag, p.config, torch.empty(0, dtype=torch.long), 0, 0,
+                                            0, 0, error=f"{type(e).__name__}: {e}", exception=e))
+                continue
+            self._live.append(row)
+            used += p.tokens
+        if not self._live:
+            return results
+        rows = list(self._live)
+        sde = [r for r in rows if isinstance(r, _SDERow)]
+        h = self._convert(sde)
+        seqs: dict[int, list[_Sequence]] = {}
+        for r in rows:
+            seqs[r.id] = [r.sequence(h[r.id])] if isinstance(r, _SDERow) else r.sequences()  # type: ignore[attr-defined]
+        logits = self._forward(rows, seqs)
+        means = self._means([r for r in sde if r.needs_mean], logits)
+        self.ticks += 1
+        for r in rows:
+            r.ticks += 1
+            r.forwards += len(seqs[r.id])
+            try:
+                if isinstance(r, _SDERow):
+                    done = r.update(logits[r.id][0], means.get(r.id))
+                else:
+                    assert isinstance(r, _RemaskRow)
+                    done = r.update([t.float() for t in logits[r.id]])
+            except Exception as e:  # noqa: BLE001  (this row's own computation failed: it ends, the others go on)
+                done = r.abandon(False, e)
+            if done is not None:
+                self._live.remove(r)
+                results.append(done)
+        return results
+
+    def run(self) -> Iterator[EngineResult]:
+        """Tick until no request is left, yielding each result as its row finishes."""
+        while len(self):
+            yield from self.step()
+
+    def _convert(self, rows: list[_SDERow]) -> dict[int, torch.Tensor]:
+        """The converter's output (W, H) for each SDE row's state at its own SNR, one call per group of rows with
+        the same beta_inf, tolerance and window width."""
+        out: dict[int, torch.Tensor] = {}
+        groups: dict[tuple[float, float, int], list[_SDERow]] = {}
+        for r in rows:
+            groups.setdefault(r.group_key(), []).append(r)
+        dtype = self.backbone.input_embeddings().weight.dtype
+        for (beta, tol, _), group in groups.items():
+            y = torch.cat([r.state_in() for r in group])
+            gamma = torch.tensor([r.gamma_in() for r in group], dtype=torch.float64)
+            h = self.dsl_model.converter(scale_states(y, gamma), self.noise_table(), beta, tolerance=tol,
+                                         workspace=self._workspace).to(dtype)
+            for j, r in enumerate(group):
+                out[r.id] = h[j]
+        return out
+
+    def _means(self, rows: list[_SDERow], logits: dict[int, list[torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """ê (1, W, d) per SDE row, one posterior-mean call per group with the same top-M and window width."""
+        out: dict[int, torch.Tensor] = {}
+        groups: dict[tuple[int, int], list[_SDERow]] = {}
+        for r in rows:
+            groups.setdefault((r.config.top_m, r.blk), []).append(r)
+        for (top_m, _), group in groups.items():
+            e = self.dsl_model.posterior_mean(torch.cat([logits[r.id][0] for r in group]), top_m, self.noise_table(),
+                                              workspace=self._workspace)
+            for j, r in enumerate(group):
+                out[r.id] = e[j: j + 1]
+        return out
+
+    def _forward(self, rows: list[_Row], seqs: dict[int, list[_Sequence]]) -> dict[int, list[torch.Tensor]]:
+        """Per row, per sequence, the (1, W, V) logits of its window: one left-padded forward per compile group."""
+        out: dict[int, list[torch.Tensor]] = {}
+        for flag in (False, True):
+            group = [r for r in rows if bool(r.config.compile) == flag]
+            if group:
+                flat = [(r.id, s) for r in group for s in seqs[r.id]]
+                fn = compiled(self.backbone) if flag else self.backbone
+                for rid, lg in zip([rid for rid, _ in flat], self._batched(fn, [s for _, s in flat])):
+                    out.setdefault(rid, []).append(lg)
+        return out
+
+    def _batched(self, fn: Any, seqs: list[_Sequence]) -> list[torch.Tensor]:
+        T = max(s.embeds.shape[0] for s in seqs)
+        H = seqs[0].embeds.shape[1]
+        ref = seqs[0].embeds
+        x = ref.new_zeros((len(seqs), T, H))
+        keep = torch.zeros((len(seqs), T), dtype=torch.long, device=ref.device)
+        wanted: set[int] = set()
+        for i, s in enumerate(seqs):
+            off = T - s.embeds.shape[0]
+            x[i, off:] = s.embeds
+            keep[i, off:] = 1
+            cols = range(s.hi - s.lo) if s.columns is None else s.columns
+            wanted.update(off + s.lo + c for c in cols)
+        attn = None if bool(keep.all()) else keep
+        cols_sorted = sorted(wanted)
+        if cols_sorted and cols_sorted[-1] - cols_sorted[0] + 1 == len(cols_sorted):
+            positions: slice | torch.Tensor = slice(cols_sorted[0], cols_sorted[-1] + 1)
+        else:
+            positions = torch.tensor(cols_sorted, dtype=torch.long, device=ref.device)
+        self.forward_passes += 1
+        logits = fn(x, attn, positions=positions)
+        where = {c: j for j, c in enumerate(cols_sorted)}
+        result = []
+        for i, s in enumerate(seqs):
+            off = T - s.embeds.shape[0]
+            W = s.hi - s.lo
+            if s.columns is None:
+                a = where[off + s.lo]
+                result.append(logits[i: i + 1, a: a + W])
+                continue
+            lg = logits.new_zeros((1, W, logits.shape[-1]))
+            if s.columns:
+                idx = torch.tensor([where[off + s.lo + c] for c in s.columns], dtype=torch.long, device=logits.device)
+                lg[0, torch.tensor(s.columns, dtype=torch.long, device=logits.device)] = logits[i, idx]
+            result.append(lg)
+        return result
