@@ -288,3 +288,42 @@ def test_a_per_row_gamma_gives_each_row_its_single_gamma_result(model):
     assert torch.equal(same, d.logits(y, 3.0))  # one SNR as a tensor: bit for bit the float's result
     with pytest.raises(ValueError, match=r"^a per-row gamma must be a \(B,\) tensor with B = 3 rows, got shape \(2,\)$"):
         scale_states(y, torch.tensor([1.0, 2.0]))
+
+
+BATCH_PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [6], [7, 8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("config", [DISCRETE["threshold"], RemaskConfig(steps=4, gen_length=8, temperature=1.0)],
+                         ids=["threshold", "temperature"])
+def test_run_continuous_gives_the_fixed_batches_tokens_and_honours_skip(model, config):
+    from dsl_llada.sampling.batches import run_batches, run_continuous
+
+    fixed = {r.index: r.ids for rows in run_batches(model, BATCH_PROMPTS, config, batch_size=2,
+                                                    seed_of=lambda i: 100 + i) for r in rows}
+    ticks = list(run_continuous(model, BATCH_PROMPTS, config, max_rows=2, seed_of=lambda i: 100 + i))
+    rows = [r for tick in ticks for r in tick]
+    assert sorted(r.index for r in rows) == list(range(5)) and all(r.error is None for r in rows)
+    assert {r.index: r.ids for r in rows} == fixed
+    assert all([r.index for r in tick] == sorted(r.index for r in tick) for tick in ticks)
+    assert [r.seed for r in sorted(rows, key=lambda r: r.index)] == [100, 101, 102, 103, 104]
+    resumed = [r.index for tick in run_continuous(model, BATCH_PROMPTS, config, max_rows=2,
+                                                  seed_of=lambda i: 100 + i, skip={1, 3}) for r in tick]
+    assert sorted(resumed) == [0, 2, 4]
+
+
+def test_generate_continuous_records_equal_the_fixed_batch_records(model):
+    from dsl_llada.generation import generate
+
+    class Decoder:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    texts = [f"prompt {i}" for i in range(len(BATCH_PROMPTS))]
+    config = RemaskConfig(steps=4, gen_length=8, temperature=1.0)
+    kw = dict(batch_size=2, seed=7, progress=False, encoded=BATCH_PROMPTS)
+    fixed = generate(model, Decoder(), texts, config, **kw)
+    finished: list[list[int]] = []
+    cont = generate(model, Decoder(), texts, config, continuous=True, skip={4},
+                    on_batch=lambda recs: finished.append([r["index"] for r in recs]), **kw)
+    assert sorted(cont, key=lambda r: r["index"]) == fixed[:4]
+    assert sorted(i for tick in finished for i in tick) == [0, 1, 2, 3]

@@ -481,6 +481,11 @@ class Engine:
         return len(self._live)
 
     @property
+    def live_requests(self) -> list[tuple[int, Any]]:
+        """(request id, tag) of each live row, in admission order."""
+        return [(r.id, r.tag) for r in self._live]
+
+    @property
     def pending(self) -> int:
         """Requests waiting for room."""
         return len(self._pending)
