@@ -272,6 +272,9 @@ def test_a_failing_row_ends_alone_and_cancel_removes_a_row(model):
     assert [(r.request_id, r.error) for r in first] == [(a, "RuntimeError: callback failed")]
     cancelled = e.cancel(c)
     assert cancelled is not None and cancelled.dropped and e.cancel(c) is None
+    queued = e.submit(PROMPTS[2], SDE["sde"])
+    gone = e.cancel(queued)
+    assert gone is not None and gone.dropped and (gone.ticks, gone.forward_passes, gone.length) == (0, 0, 0)
     rest = list(e.run())
     assert [r.request_id for r in rest] == [b] and rest[0].ids.tolist() == direct(model, PROMPTS[1], SDE["sde"], 1)
 

@@ -466,9 +466,10 @@ class Engine:
         already finished."""
         for p in self._pending:
             if p.request_id == request_id:
-                self._pending.remove(p)
-                row = self._admit(p)
-                return row.abandon(True, None)
+                self._pending.remove(p)  # never admitted: no state, no forward
+                L = p.config.gen_length
+                ids = torch.full((L,), self.special.mask, dtype=torch.long)
+                return EngineResult(p.request_id, p.tag, p.config, ids, 0, 0, 0, 0, dropped=True)
         for row in self._live:
             if row.id == request_id:
                 self._live.remove(row)
