@@ -21,6 +21,7 @@ from faults_helpers import (CONTEXT, GENERATE_SAMPLING, error_lines, generate_pr
 import dsl_llada.jsonl_log as jsonl_log_mod
 import dsl_llada.sampling.batches as batches_mod
 from dsl_llada.cli import main
+from dsl_llada.records import RecordFile
 from dsl_llada.sampling.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,3 +365,38 @@ def test_two_runs_never_append_to_one_output(model, prompts_file, reference, tmp
         assert f"being written by process {os.getpid()}" in one_error(capsys)
     assert out.read_text() == reference.splitlines(keepends=True)[0]
 
+
+
+def test_rows_that_finish_early_hand_their_place_to_the_next_prompt(model, prompts_file, tmp_path, monkeypatch):
+    """With a confidence threshold each prompt takes its own number of steps: on the engine a finished row's place
+    goes to the next prompt at the next tick (the batch stays full while prompts are left), records are appended as
+    rows finish, and the finished file (sorted by index) holds the fixed batches' tokens; its NFE counts are each
+    prompt's own."""
+    fixed = tmp_path / "fixed.jsonl"
+    assert main(args(model, prompts_file, fixed, "--threshold", "0.2", "--batching", "fixed")) == 0
+    seen: list[list[int]] = []
+    appended: list[int] = []
+    before_each_tick(monkeypatch, seen.append)
+    real_append = RecordFile.append
+
+    def append(self, records):
+        appended.extend(r["index"] for r in records)
+        return real_append(self, records)
+
+    monkeypatch.setattr(RecordFile, "append", append)
+    out = tmp_path / "engine.jsonl"
+    assert main(args(model, prompts_file, out, "--threshold", "0.2")) == 0
+    counts = ("nfe", "forward_passes")  # the engine's are the row's own steps, a fixed batch's its slowest row's
+    assert [{k: v for k, v in r.items() if k not in counts} for r in lines(out)] == \
+        [{k: v for k, v in r.items() if k not in counts} for r in lines(fixed)]
+    assert all(r["nfe"] == r["forward_passes"] == sum(r["steps_per_block"]) for r in lines(out))
+    steps = {r["index"]: sum(r["steps_per_block"]) for r in lines(out)}
+    assert len(set(steps.values())) > 1  # the prompts took different numbers of steps
+    assert len(seen) < sum(max(steps[i] for i in range(s, s + 3)) for s in range(0, N, 3))  # fewer ticks than fixed
+    ran = dict.fromkeys(range(N), 0)
+    for tick in seen:  # every tick runs 3 rows while 3 or more prompts are unfinished, each row for its own steps
+        assert len(tick) == min(3, sum(ran[i] < steps[i] for i in range(N))), (tick, ran)
+        for i in tick:
+            ran[i] += 1
+    assert ran == steps
+    assert sorted(appended) == list(range(N)) and appended != list(range(N))  # appended as rows finished
