@@ -177,16 +177,18 @@ def engine_runs(model: object, config: SamplerConfig) -> bool:
 def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig, *,
                    max_rows: int, seed_of: Callable[[int], int], skip: Collection[int] = (), retry: bool = True,
                    guard: bool = True, check_context: bool = True, progress: bool = False,
-                   desc: str = "sample") -> Iterator[list[RowResult]]:
+                   desc: str = "sample", fatal: tuple[type[Exception], ...] = (ValueError,)
+                   ) -> Iterator[list[RowResult]]:
     """Run `prompt_ids` through `config` on the step-level engine with at most `max_rows` live rows; yields the
     rows that finish at each tick (see the module docstring).
 
     A row's `output` is its batch-of-one SampleOutput; `seconds` its share of the ticks it was live for (each
     tick's time divided by the rows live at it), `batch_seconds` the time of those ticks, `batch_size` the rows
-    live at its last tick. A row whose own computation raises a runtime error is recorded with its `error`; a
-    ValueError (bad setup, non-finite weights) stops the run. With `retry`, a tick whose shared forward raises a
-    runtime error runs each row live at that tick again alone, from its start (a row that still fails gets its
-    error); without `retry` the error propagates."""
+    live at its last tick. A row whose own computation raises is recorded with its `error`, unless the exception
+    is one of `fatal` (default ValueError: bad setup, non-finite weights), which stops the run; a
+    KeyboardInterrupt always does. With `retry`, a tick whose shared forward raises any other exception runs each
+    row live at that tick again alone, from its start (a row that still fails gets its error); without `retry`
+    the error propagates. (The evaluation runner passes `fatal=()`: it records every exception per row.)"""
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows={max_rows!r} must be an int >= 1")
     if check_context:
@@ -207,7 +209,7 @@ def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int
 
     def row(r: EngineResult, live: int) -> RowResult:
         i = int(r.tag)
-        if r.exception is not None and isinstance(r.exception, ValueError):
+        if r.exception is not None and isinstance(r.exception, fatal):
             raise r.exception
         if r.error is not None:
             log.warning("prompt %d failed (%s); recorded with its error, continuing", i, r.error)
@@ -221,7 +223,7 @@ def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int
         t0 = time.perf_counter()
         try:
             results = engine.step()
-        except (ValueError, KeyboardInterrupt):
+        except fatal:
             raise
         except Exception as e:  # the shared forward failed: its rows run again one by one
             if not retry:
@@ -238,7 +240,7 @@ def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int
                 t1 = time.perf_counter()
                 try:
                     got = [row(x, 1) for x in solo.run()]
-                except (ValueError, KeyboardInterrupt):
+                except fatal:
                     raise
                 except Exception as e1:  # noqa: BLE001
                     log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i,

@@ -55,7 +55,7 @@ def checked_beta(model: DSLModel, config: SDEConfig) -> float:
 def brownian_increment(rng: RowRNG, y: torch.Tensor, g0: float, g1: float) -> torch.Tensor:
     """dW = sqrt(|gamma_1 - gamma_0|) xi, xi ~ N(0, I) of y's shape from the rows' generators: the one random draw
     of a Heun step from g0 to g1, made before its predictor."""
-    return rng.randn(tuple(y.shape), device=y.device) * abs(g1 - g0) ** 0.5
+    return rng.randn(tuple(y.shape), device=y.device) * float(abs(g1 - g0) ** 0.5)
 
 
 def heun_predict(y: torch.Tensor, e0: torch.Tensor, g0: float, g1: float, dW: torch.Tensor, *, eta: float,
