@@ -53,11 +53,13 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
     prompt that still fails gets a record with an `error` field instead of a response. Non-finite logits on a
     sampler run's first forward pass raise NonFiniteLogitsError. Returns the records made by this call.
 
-    With `continuous`, the prompts run on the step-level engine (`sampling.batches.run_continuous`) with at most
-    `batch_size` live rows: a finished row's place goes to the next prompt at once, `on_batch` receives the records
-    that finish at each step (in index order), and every prompt gets the tokens of the fixed-batch run (same
-    seeds). A config the engine cannot run (a key/value cache, a model that is neither a DSLModel nor a Backbone)
-    takes the fixed batches.
+    With `continuous` (what `dsl-llada generate` does by default), the prompts run on the step-level engine
+    (`sampling.batches.run_continuous`) with at most `batch_size` live rows: a finished row's place goes to the
+    next prompt at once, `on_batch` receives the records that finish at each step (in index order; with a
+    confidence threshold a later prompt can finish before an earlier one), and every prompt gets the tokens of the
+    fixed-batch run (same seeds). A record's `nfe` and `forward_passes` are then its own (with a threshold, a fixed
+    batch reports its slowest row's). A config the engine cannot run (a key/value cache, a model that is neither a
+    DSLModel nor a Backbone) takes the fixed batches.
     """
     check_prompt_texts(prompts)
     if encoded is None:

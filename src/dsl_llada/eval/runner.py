@@ -6,6 +6,14 @@ config alone, and batch j belongs to rank j % world_size. Sample i always uses a
 records do not depend on the number of processes, and a batch is always run whole (a resumed batch is re-run with
 exactly its original rows; only its missing items are written), so a run killed at any moment and started again
 with the same command gives exactly the records of an uninterrupted run.
+
+By default (`batching='continuous'`) the diffusion samplers run a process's consecutive batches of one group on
+the step-level engine (`sampling.batches.run_continuous`, as many live rows as the batch size): the batches are
+fed whole and in plan order, a finished row's place goes to the next row at once, and each row's record is
+written as it finishes. Rows that take the same number of steps (every sampler without a confidence threshold)
+then run in exactly the fixed batches' arrangement; with a threshold the rows of later batches join mid-way, and
+the discrete samplers' tokens are the same in any arrangement. The autoregressive baseline, one-forward tasks,
+timed tasks (walltime) and key/value-cache configs run each batch as one call (`batching='fixed'` does so for all).
 """
 
 from __future__ import annotations
