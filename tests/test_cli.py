@@ -18,7 +18,8 @@ def toy_backbone_dir(tmp_path_factory):
 
 
 HELP_OPTIONS = {
-    "generate": ["--model", "--prompt", "--prompts-file", "--seed", "--output", "--sampler", "--gen-length", "--nfe",
+    "generate": ["--model", "--prompt", "--prompts-file", "--seed", "--batch-size", "--batching", "--output", "--sampler",
+                 "--gen-length", "--nfe",
                  "--schedule", "--eta", "--top-m", "--beta-scale", "--beta-absolute", "--predictor-noise", "--steps",
                  "--block-length", "--temperature", "--remasking", "--cfg-scale", "--eos-inf", "--no-truncate",
                  "--kv-cache", "--cache-refresh"],

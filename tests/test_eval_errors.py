@@ -91,8 +91,8 @@ def test_cli_help_and_error_exit(models, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["eval", "run", "--help"])
     out = capsys.readouterr().out
-    for opt in ("--config", "--out", "--overwrite", "--new-run", "--no-report", "KEY=VALUE", "accelerate launch",
-                "--max-error-rate", "exit codes: 0 done, 1 more than --max-error-rate"):
+    for opt in ("--config", "--out", "--overwrite", "--new-run", "--no-report", "--batching", "KEY=VALUE",
+                "accelerate launch", "--max-error-rate", "exit codes: 0 done, 1 more than --max-error-rate"):
         assert opt in out
     with pytest.raises(SystemExit):
         main(["eval", "report", "--help"])

@@ -101,11 +101,13 @@ def test_multi_process_launch_without_distributed_mode_is_refused():
 
 def test_a_run_where_every_item_errors_exits_nonzero(models, tmp_path, capsys, monkeypatch):
     from dsl_llada.eval import models as M
+    from dsl_llada.sampling.engine import Engine
 
     def broken(*a, **k):
         raise RuntimeError("sampler exploded")
 
-    monkeypatch.setattr(M, "run_batch", broken)
+    monkeypatch.setattr(M, "run_batch", broken)  # the fixed batches' sampler call
+    monkeypatch.setattr(Engine, "_forward", broken)  # the engine's batched forward
     cfg = base_config(models, [gen(limit=3)], methods=[{"name": "LLaDA", "model": "llada", "preset": "llada"}])
     rc, err = _run(tmp_path, capsys, cfg)
     assert rc == 1 and err == ["error: task generation: 3 of 3 items errored (100.0 % > --max-error-rate 5 %); "

@@ -75,6 +75,40 @@ def test_batching_does_not_change_records(models, tmp_path):
     assert ids7[:4] != ids3[:4]  # the SDE rows depend on the seed
 
 
+def test_engine_records_equal_the_fixed_batches(models, tmp_path):
+    """`batching='continuous'` (the step-level engine) gives every item the tokens of the fixed batches: remasking
+    (with a confidence threshold its rows finish at different ticks, so later rows join mid-way) and ReMDM exactly
+    in any arrangement; the SDE in the fixed batches' own arrangement (every row of a batch joins at one tick and
+    leaves at one): on prompts of one length as the engine's own tests, and here also on the length-sorted batches
+    of mixed lengths (the engine pads with zero embeddings, a fixed batch with the pad token's: both masked out).
+    Only the timing fields differ (with a threshold also the counts: the engine's are the row's own, a fixed
+    batch's its slowest row's)."""
+    d = data_dir()
+    first = json.loads((d / "prompts_200.jsonl").read_text().splitlines()[0])
+    path = tmp_path / "same.jsonl"  # five prompts of one length: one text, five items (seeded 42 + i)
+    path.write_text("".join(json.dumps({**first, "id": i}) + "\n" for i in range(5)))
+    task = gen_task(5)
+    task["datasets"].append({"name": "same", "path": str(path), "kind": "prompts", "gen_length": 16})
+    methods = [{"name": "DSL-SDE", "model": "dsl", "preset": "dsl-sde"},
+               {"name": "LLaDA", "model": "llada", "preset": "llada"},
+               {"name": "LLaDA-thr", "model": "llada", "preset": "llada", "options": {"threshold": 0.05}},
+               {"name": "ReMDM", "model": "llada", "preset": "remdm"}]
+    cfg = EvalConfig.from_dict(base_config(models, [task], methods=methods, batch_size=2))
+    run_eval(cfg, tmp_path / "engine", progress=False, report=False)
+    run_eval(cfg, tmp_path / "fixed", progress=False, report=False, batching="fixed")
+    eng, fix = read_records(tmp_path / "engine"), read_records(tmp_path / "fixed")
+    assert len(eng) == len(fix) == 2 * 5 * len(methods)
+    assert all(r["error"] is None for r in eng + fix)
+    counts = ("nfe_sampler", "forward_passes")
+    for e, f in zip(eng, fix):
+        assert e["ids"] == f["ids"], (e["key"], e["ids"], f["ids"])
+        drop = TIMING + (counts if e["method"] == "LLaDA-thr" else ())
+        assert {k: v for k, v in e.items() if k not in drop} == {k: v for k, v in f.items() if k not in drop}
+    thr = [r for r in eng if r["method"] == "LLaDA-thr"]
+    assert len({r["nfe_sampler"] for r in thr}) > 1  # the threshold rows took different step counts
+    assert max(r["batch_size"] for r in eng) == 2
+
+
 def test_resume_after_torn_writes(models, tmp_path):
     """Cut the shard anywhere (mid-line, mid-batch): the same command finishes with exactly the records of an
     uninterrupted run and re-runs only what is missing."""
@@ -118,8 +152,10 @@ def test_changed_config_and_foreign_folder_are_refused(models, tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine"  # --overwrite replaces only what the runner writes
 
 
-def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("batching", ["continuous", "fixed"])
+def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path, monkeypatch, batching):
     from dsl_llada.eval import models as M
+    from dsl_llada.sampling.engine import Engine
 
     d = data_dir()
     rows = [json.loads(x) for x in (d / "prompts_200.jsonl").read_text().splitlines()[:3]]
@@ -136,8 +172,16 @@ def test_failing_sample_is_recorded_and_the_run_goes_on(models, tmp_path, monkey
             raise RuntimeError("synthetic failure of row 1")
         return real(loaded, method, choice, prompt_ids, seeds)
 
+    real_forward = Engine._forward
+
+    def flaky_forward(self, rows, seqs):  # the engine's rows are tagged with their position in the batch
+        if any(int(r.tag) == 1 for r in rows):
+            raise RuntimeError("synthetic failure of row 1")
+        return real_forward(self, rows, seqs)
+
     monkeypatch.setattr(M, "run_batch", flaky)
-    res = run_eval(cfg, tmp_path / "run", progress=False)
+    monkeypatch.setattr(Engine, "_forward", flaky_forward)
+    res = run_eval(cfg, tmp_path / "run", progress=False, batching=batching)
     recs = read_records(tmp_path / "run")
     assert res.n_errors == 1
     assert [r["error"] is None for r in recs] == [True, False, True]

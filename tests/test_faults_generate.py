@@ -1,6 +1,7 @@
-"""Faults around `dsl-llada generate`: everything is validated before sampling, each finished batch is
+"""Faults around `dsl-llada generate`: everything is validated before sampling, each finished record is
 on disk at once, kill -9 / Ctrl-C / a full disk lose nothing finished, a resumed run ends with exactly the records of
-an uninterrupted one, and bad input is one clear line (exit 2)."""
+an uninterrupted one, and bad input is one clear line (exit 2). The faults are injected on the step-level engine
+(the default, `--batching continuous`) and, where the two differ, on the fixed batches (`--batching fixed`)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import pytest
 from faults_helpers import (CONTEXT, GENERATE_SAMPLING, error_lines, generate_prompts, make_dsl_dir,
                             write_prompts_jsonl)
 
-import dsl_llada.sampling.batches as batches_mod
 import dsl_llada.jsonl_log as jsonl_log_mod
+import dsl_llada.sampling.batches as batches_mod
 from dsl_llada.cli import main
+from dsl_llada.records import RecordFile
+from dsl_llada.sampling.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 12
@@ -55,7 +58,8 @@ def lines(path: Path) -> list[dict]:
 
 
 def before_each_batch(monkeypatch, check) -> None:
-    """Call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a fault)."""
+    """Fixed batches: call `check(prompt indices)` before each sampler run of `generate` (it may raise to simulate a
+    fault)."""
     real = batches_mod.run_batch
 
     def wrapped(model_, prompt_ids, config, seeds, **kw):
@@ -63,6 +67,23 @@ def before_each_batch(monkeypatch, check) -> None:
         return real(model_, prompt_ids, config, seeds, **kw)
 
     monkeypatch.setattr(batches_mod, "run_batch", wrapped)
+
+
+def before_each_tick(monkeypatch, check) -> None:
+    """The engine: call `check(prompt indices of the live rows)` before each tick's batched forward of `generate`
+    (it may raise to simulate a fault of the shared forward, such as running out of memory)."""
+    real = Engine._forward
+
+    def wrapped(self, rows, seqs):
+        check(sorted(int(r.tag) for r in rows))
+        return real(self, rows, seqs)
+
+    monkeypatch.setattr(Engine, "_forward", wrapped)
+
+
+def batches_seen(ticks: list[list[int]]) -> list[list[int]]:
+    """The live-row sets of consecutive ticks, each run of equal sets once."""
+    return [t for j, t in enumerate(ticks) if j == 0 or t != ticks[j - 1]]
 
 
 def interrupted_then_resumed(monkeypatch, owner, name, fault, argv, *, rc, reference, n_kept, capsys) -> str:
@@ -100,6 +121,7 @@ def no_sampling(monkeypatch):
         raise AssertionError("sampling started before validation finished")
 
     monkeypatch.setattr(batches_mod, "run_batch", refuse)
+    monkeypatch.setattr(Engine, "step", refuse)
 
 
 def test_output_that_is_a_folder_or_unwritable_fails_before_sampling(model, prompts_file, tmp_path, capsys, no_sampling):
@@ -190,10 +212,24 @@ def test_resume_skips_finished_prompts_and_matches_an_uninterrupted_run(model, p
     out.write_text("".join(ref_lines[:4]) + ref_lines[4][:25])  # 4 records, then a write cut off by kill -9
     Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
     seen: list[list[int]] = []
-    before_each_batch(monkeypatch, seen.append)
+    before_each_tick(monkeypatch, seen.append)
     assert main(args(model, prompts_file, out, "--resume")) == 0
-    assert seen == [[4, 5], [6, 7, 8], [9, 10, 11]]  # the fixed batch grid, minus what was done
+    assert len(seen) == 12  # 8 prompts of 4 steps, 3 rows at a time: ceil(8 / 3) x 4 ticks
+    assert batches_seen(seen) == [[4, 5, 6], [7, 8, 9], [10, 11]]  # what was done is skipped, the batch kept full
     assert out.read_text() == reference  # the partial line is gone, the records are exactly the reference's
+    assert "4 of 12 prompts already done" in capsys.readouterr().err
+
+
+def test_resume_on_fixed_batches_runs_the_batch_grid_minus_what_was_done(model, prompts_file, reference, tmp_path,
+                                                                          monkeypatch, capsys):
+    out = tmp_path / "o.jsonl"
+    out.write_text("".join(reference.splitlines(keepends=True)[:4]))
+    Path(str(out) + ".config.json").write_text(Path(str(model.parent / "reference.jsonl") + ".config.json").read_text())
+    seen: list[list[int]] = []
+    before_each_batch(monkeypatch, seen.append)
+    assert main(args(model, prompts_file, out, "--resume", "--batching", "fixed")) == 0
+    assert seen == [[4, 5], [6, 7, 8], [9, 10, 11]]  # the fixed batch grid, minus what was done
+    assert out.read_text() == reference  # the same tokens as the engine's
     assert "4 of 12 prompts already done" in capsys.readouterr().err
 
 
@@ -234,21 +270,27 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_records(model, tmp_p
     assert [json.loads(x)["index"] for x in fresh.read_text().splitlines()] == list(range(n))
 
 
-def test_ctrl_c_keeps_finished_batches_and_says_so(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
-    def interrupt_third(real):
+@pytest.mark.parametrize("batching", ["continuous", "fixed"])
+def test_ctrl_c_keeps_finished_records_and_says_so(model, prompts_file, reference, tmp_path, monkeypatch, capsys,
+                                                    batching):
+    # Ctrl-C as the third batch starts: on the engine its first tick (3 rows of 4 steps: tick 9), else its run
+    owner, name, nth = (Engine, "step", 9) if batching == "continuous" else (batches_mod, "run_batch", 3)
+
+    def interrupt_nth(real):
         calls = []
 
         def run(*a, **k):
             calls.append(1)
-            if len(calls) == 3:
+            if len(calls) == nth:
                 raise KeyboardInterrupt
             return real(*a, **k)
         return run
 
     out = tmp_path / "o.jsonl"
-    err = interrupted_then_resumed(monkeypatch, batches_mod, "run_batch", interrupt_third,
-                                   args(model, prompts_file, out), rc=130, reference=reference, n_kept=6, capsys=capsys)
-    assert f"6 of {N} records are saved in {out}" in err
+    err = interrupted_then_resumed(monkeypatch, owner, name, interrupt_nth,
+                                   args(model, prompts_file, out, "--batching", batching), rc=130, reference=reference,
+                                   n_kept=6, capsys=capsys)
+    assert f"6 of {N} records are saved in {out} (every finished prompt)" in err
 
 
 def test_full_disk_while_appending_keeps_finished_records(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
@@ -270,15 +312,22 @@ def test_full_disk_while_appending_keeps_finished_records(model, prompts_file, r
     assert len(found) == 1 and "no space left on the device" in found[0] and str(out) in found[0]
 
 
-def test_a_failing_prompt_is_recorded_and_the_run_goes_on(model, prompts_file, reference, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("batching", ["continuous", "fixed"])
+def test_a_failing_prompt_is_recorded_and_the_run_goes_on(model, prompts_file, reference, tmp_path, monkeypatch, capsys,
+                                                          batching):
     out = tmp_path / "o.jsonl"
+    seen: list[list[int]] = []
 
     def oom_on_prompt_4(indices):
+        seen.append(indices)
         if 4 in indices:
             raise RuntimeError("CUDA out of memory (simulated)")
 
-    before_each_batch(monkeypatch, oom_on_prompt_4)
-    assert main(args(model, prompts_file, out, "--max-error-rate", "0.1")) == 0  # 1 of 12 failed: tolerated
+    (before_each_tick if batching == "continuous" else before_each_batch)(monkeypatch, oom_on_prompt_4)
+    argv = args(model, prompts_file, out, "--max-error-rate", "0.1", "--batching", batching)
+    assert main(argv) == 0  # 1 of 12 failed: tolerated
+    if batching == "continuous":  # the tick that failed is run again row by row: 3 and 5 finish alone, 4 fails alone
+        assert batches_seen(seen) == [[0, 1, 2], [3, 4, 5], [3], [4], [5], [6, 7, 8], [9, 10, 11]]
     assert "11 of 12 prompts generated, 1 failed" in capsys.readouterr().err
     got, want = lines(out), [json.loads(x) for x in reference.splitlines()]
     assert [r["index"] for r in got] == list(range(N))
@@ -316,3 +365,38 @@ def test_two_runs_never_append_to_one_output(model, prompts_file, reference, tmp
         assert f"being written by process {os.getpid()}" in one_error(capsys)
     assert out.read_text() == reference.splitlines(keepends=True)[0]
 
+
+
+def test_rows_that_finish_early_hand_their_place_to_the_next_prompt(model, prompts_file, tmp_path, monkeypatch):
+    """With a confidence threshold each prompt takes its own number of steps: on the engine a finished row's place
+    goes to the next prompt at the next tick (the batch stays full while prompts are left), records are appended as
+    rows finish, and the finished file (sorted by index) holds the fixed batches' tokens; its NFE counts are each
+    prompt's own."""
+    fixed = tmp_path / "fixed.jsonl"
+    assert main(args(model, prompts_file, fixed, "--threshold", "0.2", "--batching", "fixed")) == 0
+    seen: list[list[int]] = []
+    appended: list[int] = []
+    before_each_tick(monkeypatch, seen.append)
+    real_append = RecordFile.append
+
+    def append(self, records):
+        appended.extend(r["index"] for r in records)
+        return real_append(self, records)
+
+    monkeypatch.setattr(RecordFile, "append", append)
+    out = tmp_path / "engine.jsonl"
+    assert main(args(model, prompts_file, out, "--threshold", "0.2")) == 0
+    counts = ("nfe", "forward_passes")  # the engine's are the row's own steps, a fixed batch's its slowest row's
+    assert [{k: v for k, v in r.items() if k not in counts} for r in lines(out)] == \
+        [{k: v for k, v in r.items() if k not in counts} for r in lines(fixed)]
+    assert all(r["nfe"] == r["forward_passes"] == sum(r["steps_per_block"]) for r in lines(out))
+    steps = {r["index"]: sum(r["steps_per_block"]) for r in lines(out)}
+    assert len(set(steps.values())) > 1  # the prompts took different numbers of steps
+    assert len(seen) < sum(max(steps[i] for i in range(s, s + 3)) for s in range(0, N, 3))  # fewer ticks than fixed
+    ran = dict.fromkeys(range(N), 0)
+    for tick in seen:  # every tick runs 3 rows while 3 or more prompts are unfinished, each row for its own steps
+        assert len(tick) == min(3, sum(ran[i] < steps[i] for i in range(N))), (tick, ran)
+        for i in tick:
+            ran[i] += 1
+    assert ran == steps
+    assert sorted(appended) == list(range(N)) and appended != list(range(N))  # appended as rows finished

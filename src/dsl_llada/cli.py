@@ -74,7 +74,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     settings = GenerateSettings(
         source=model_source_from_args(a), config=_sampler_config(a), prompts=tuple(a.prompt or ()),
         prompts_file=a.prompts_file, prompt_field=a.prompt_field, seed=a.seed, batch_size=a.batch_size,
-        chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens, output=a.output,
+        batching=a.batching, chat_template=not a.no_chat_template, allow_special_tokens=a.allow_special_tokens, output=a.output,
         resume=a.resume, overwrite=a.overwrite, max_error_rate=a.max_error_rate, progress=not a.quiet)
     return run_generate(settings)
 
@@ -146,6 +146,7 @@ def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = C
 
 def _add_generate_parser(sub: Any) -> None:
     """`generate`: the model flags (ModelSource), prompts, output and the sampler flags."""
+    from .generate_command import BATCHING
     from .model_source import add_model_source_args
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
@@ -157,10 +158,15 @@ def _add_generate_parser(sub: Any) -> None:
     g.add_argument("--allow-special-tokens", action="store_true",
                    help="let special-token spellings in prompts (e.g. <|mask|>, <|endoftext|>) become control tokens "
                         "(default: they are encoded as the text they are)")
-    g.add_argument("--batch-size", type=int, default=8)
+    g.add_argument("--batch-size", type=int, default=8,
+                   help="prompts sampled together (default 8): the live rows of the engine, or each fixed batch")
+    g.add_argument("--batching", default="continuous", choices=BATCHING,
+                   help="continuous (default): the step-level engine, the next prompt takes a finished row's place "
+                        "at once so the batch stays full; fixed: batches of --batch-size prompts, each run to its end. "
+                        "Same tokens either way; --kv-cache other than off always runs fixed batches")
     g.add_argument("--seed", type=int, default=42, help="prompt i uses seed + i")
     g.add_argument("--output", default=None,
-                   help="append each finished batch's records to this JSONL file (settings in OUTPUT.config.json); "
+                   help="append each finished prompt's record to this JSONL file (settings in OUTPUT.config.json); "
                         "an existing output made with the same settings is resumed")
     gx = g.add_mutually_exclusive_group()
     gx.add_argument("--resume", action="store_true",

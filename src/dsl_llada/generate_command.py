@@ -27,7 +27,10 @@ from .records import RecordFile
 from .sampling.dispatch import SamplerConfig
 from .utils import Terminated, terminate_raises
 
-__all__ = ["GenerateSettings", "print_record", "run_generate"]
+__all__ = ["BATCHING", "GenerateSettings", "print_record", "run_generate"]
+
+BATCHING = ("continuous", "fixed")
+"""The values of `GenerateSettings.batching` (`--batching`)."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,16 @@ class GenerateSettings:
     seed: int = 42
     """Prompt i samples with seed + i."""
     batch_size: int = 8
+    """Rows sampled together: the engine's live rows (continuous), or the size of each fixed batch."""
+    batching: str = "continuous"
+    """'continuous': the step-level engine, where the next prompt takes a finished row's place at once, so the batch
+    stays full; 'fixed': batches [0, batch_size), [batch_size, 2 batch_size), ... each run to its end. Both give
+    every prompt the same tokens (same seeds). Configs the engine does not run (kv_cache other than 'off') take the
+    fixed batches either way."""
     chat_template: bool = True
     allow_special_tokens: bool = False
     output: str | None = None
-    """Append each finished batch's records to this JSONL file (settings in OUTPUT.config.json); resumed when it
+    """Append each finished prompt's record to this JSONL file (settings in OUTPUT.config.json); resumed when it
     exists with the same settings."""
     resume: bool = False
     overwrite: bool = False
@@ -56,6 +65,11 @@ class GenerateSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.batching not in BATCHING:
+            raise ValueError(f"--batching {self.batching!r} is not one of {', '.join(BATCHING)} (continuous: the "
+                             f"step-level engine keeps the batch full; fixed: fixed batches run to their end)")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"--batch-size {self.batch_size!r} must be an integer >= 1")
         if not (isinstance(self.max_error_rate, (int, float)) and math.isfinite(self.max_error_rate)
                 and 0.0 <= self.max_error_rate <= 1.0):
             raise ValueError(f"--max-error-rate {self.max_error_rate!r} must be a fraction in [0, 1] (0 = every "
@@ -101,7 +115,7 @@ def _record_settings(s: GenerateSettings, source: ModelSource, prompts: list[str
 def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]], None] | None = print_record) -> int:
     """Run one generate job; returns the command's exit code (0; 1 when more prompts failed than
     `max_error_rate` allows; 130 when interrupted by Ctrl-C, 143 by SIGTERM). Bad settings raise ValueError before anything is written.
-    `echo` sees every record as its batch finishes (default: printed as a JSON line)."""
+    `echo` sees every record as its prompt finishes (default: printed as a JSON line)."""
     prompts = _prompts(settings)
     source = resolve_source(settings.source)
     out = None
@@ -115,14 +129,14 @@ def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]],
                               environment=environment_record(device=source.device, dtype=source.dtype,
                                                              seeds={"seed": settings.seed, "prompt_i": "seed + i"}))
     try:
-        with terminate_raises():  # SIGTERM stops the run like Ctrl-C: every finished batch stays, the lock goes
+        with terminate_raises():  # SIGTERM stops the run like Ctrl-C: every finished record stays, the lock goes
             handle = open_model(source, chat_template=settings.chat_template)
             return _run(settings, handle, prompts, out, echo)
     except Terminated:
         if out is not None:
             out.close()
             print(f"stopped by SIGTERM: {len(out.finished)} of {len(prompts)} records kept in {settings.output} "
-                  f"(every finished batch); rerun the same command to resume", file=sys.stderr)
+                  f"(every finished prompt); rerun the same command to resume", file=sys.stderr)
         else:
             print("stopped by SIGTERM: without --output nothing was saved (the records printed above are all there "
                   "is)", file=sys.stderr)
@@ -159,12 +173,12 @@ def _run(s: GenerateSettings, handle: ModelHandle, prompts: list[str], out: Reco
     try:
         records = generate(handle.model, handle.tokenizer, prompts, s.config, batch_size=s.batch_size, seed=s.seed,
                            chat_template=s.chat_template, progress=s.progress, encoded=encoded, skip=skip,
-                           on_batch=show, check_context=False)
+                           on_batch=show, check_context=False, continuous=s.batching == "continuous")
     except KeyboardInterrupt:
         if out is not None:
             out.close()
             print(f"interrupted; {len(out.finished)} of {len(prompts)} records are saved in {s.output} (every "
-                  f"finished batch); run the same command again to continue", file=sys.stderr)
+                  f"finished prompt); run the same command again to continue", file=sys.stderr)
         else:
             print("interrupted; without --output nothing was saved (the records printed above are all there is)",
                   file=sys.stderr)

@@ -17,7 +17,7 @@ import torch
 from .backbones.base import Backbone
 from .loading import check_prompt_texts, encode_prompt
 from .model import DSLModel
-from .sampling.batches import RowResult, run_batches
+from .sampling.batches import RowResult, engine_runs, run_batches, run_continuous
 from .sampling.common import PromptBatch, SampleOutput, StepCallback
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .sampling.guards import NonFiniteLogitsError
@@ -39,7 +39,8 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
              batch_size: int = 8, seed: int = 42, chat_template: bool = True, progress: bool = True,
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
-             encoded: Sequence[Sequence[int]] | None = None, check_context: bool = True) -> list[dict[str, Any]]:
+             encoded: Sequence[Sequence[int]] | None = None, check_context: bool = True,
+             continuous: bool = False) -> list[dict[str, Any]]:
     """Generate one response per prompt through the batch runner (`sampling.batches.run_batches`). Prompt i uses
     its own generator seeded `seed + i`, so results do not depend on the batch size or on the other prompts of its
     batch.
@@ -51,6 +52,14 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
     runtime error (not a ValueError, which means bad setup and stops the run) is retried prompt by prompt, and a
     prompt that still fails gets a record with an `error` field instead of a response. Non-finite logits on a
     sampler run's first forward pass raise NonFiniteLogitsError. Returns the records made by this call.
+
+    With `continuous` (what `dsl-llada generate` does by default), the prompts run on the step-level engine
+    (`sampling.batches.run_continuous`) with at most `batch_size` live rows: a finished row's place goes to the
+    next prompt at once, `on_batch` receives the records that finish at each step (in index order; with a
+    confidence threshold a later prompt can finish before an earlier one), and every prompt gets the tokens of the
+    fixed-batch run (same seeds). A record's `nfe` and `forward_passes` are then its own (with a threshold, a fixed
+    batch reports its slowest row's). A config the engine cannot run (a key/value cache, a model that is neither a
+    DSLModel nor a Backbone) takes the fixed batches.
     """
     check_prompt_texts(prompts)
     if encoded is None:
@@ -70,8 +79,13 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
         return rec
 
     records: list[dict[str, Any]] = []
-    for rows in run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i,
-                            skip=set(skip), progress=progress, desc=f"generate ({name})", check_context=check_context):
+    if continuous and engine_runs(model, config):
+        runs = run_continuous(model, encoded, config, max_rows=batch_size, seed_of=lambda i: seed + i, skip=set(skip),
+                              progress=progress, desc=f"generate ({name})", check_context=check_context)
+    else:
+        runs = run_batches(model, encoded, config, batch_size=batch_size, seed_of=lambda i: seed + i, skip=set(skip),
+                           progress=progress, desc=f"generate ({name})", check_context=check_context)
+    for rows in runs:
         batch_records = [record(r) for r in rows]
         if on_batch is not None:
             on_batch(batch_records)

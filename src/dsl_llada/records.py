@@ -7,13 +7,14 @@ environment record of the run that started the file (``environment``) and of eac
 (``resumed_environments``); those two are not settings: they never decide whether a run may resume.
 
 Guarantees:
-- every finished batch is appended with one write, then flushed and fsynced: after kill -9 or Ctrl-C the file
-  holds every finished record; at most the last line can be partial (a kill inside the write), and it is
-  ignored and cut off cleanly on resume;
-- a run appends its items in increasing ``index`` order and a resumed run skips the indices already finished; a
-  record with an ``error`` is not finished: a resumed run retries it and appends its new record, and the latest
-  record of an index wins; when a run completes, `finish` checks that it holds one record per item (rewriting it
-  sorted, atomically, when a retry left it out of order or with superseded error records);
+- each `append` (the records that finished together) is one write, then flushed and fsynced: after kill -9 or
+  Ctrl-C the file holds every finished record; at most the last line can be partial (a kill inside the write),
+  and it is ignored and cut off cleanly on resume;
+- a run appends its items as they finish (in increasing ``index`` order unless items finish out of order, as
+  rows of the step-level engine with data-dependent step counts do) and a resumed run skips the indices already
+  finished; a record with an ``error`` is not finished: a resumed run retries it and appends its new record, and
+  the latest record of an index wins; when a run completes, `finish` checks that it holds one record per item
+  (rewriting it sorted, atomically, when it is out of order or holds superseded error records);
 - one writer per file: `open` takes an exclusive lock on the file itself (`locks.flock_or_refuse`) before it reads
   or writes anything (a second run is refused naming the holder's PID, and changes nothing, its settings file
   included), and keeps it to the end;

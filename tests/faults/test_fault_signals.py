@@ -35,7 +35,7 @@ def _terminate(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def test_sigterm_to_generate_keeps_every_finished_batch_says_so_and_resumes(models, tmp_path):
+def test_sigterm_to_generate_keeps_every_finished_record_says_so_and_resumes(models, tmp_path):
     _, dsl = models
     prompts = write_prompts_jsonl(tmp_path / "p.jsonl", generate_prompts(40))
     out = tmp_path / "out.jsonl"
@@ -47,7 +47,7 @@ def test_sigterm_to_generate_keeps_every_finished_batch_says_so_and_resumes(mode
     kept = out.read_text().splitlines()
     assert rc == 143, err
     (line,) = error_lines(err)
-    assert line == (f"stopped by SIGTERM: {len(kept)} of 40 records kept in {out} (every finished batch); rerun the "
+    assert line == (f"stopped by SIGTERM: {len(kept)} of 40 records kept in {out} (every finished prompt); rerun the "
                     f"same command to resume")
     assert 1 <= len(kept) < 40 and [json.loads(x)["index"] for x in kept] == list(range(len(kept)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "out.jsonl.config.json", "p.jsonl"]  # no lock

@@ -85,22 +85,35 @@ def test_extreme_accepted_settings_give_real_text(model, tmp_path, capsys, sampl
     assert "error" not in rec and rec["response"].strip() and "\x00" not in rec["response"]
 
 
-def test_a_nan_state_from_the_sampler_is_an_error_not_token_zero(model, tmp_path, capsys, monkeypatch):
-    """The remasking loop's own check: NaN logits after the first forward (a diverging guidance, a damaged layer
-    reached late) stop the run instead of decoding argmax(NaN) = token 0 (a NUL byte)."""
+@pytest.mark.parametrize("batching", ["continuous", "fixed"])
+def test_a_nan_state_from_the_sampler_is_an_error_not_token_zero(model, tmp_path, capsys, monkeypatch, batching):
+    """The remasking step's own check: NaN logits after the first forward (a diverging guidance, a damaged layer
+    reached late) stop the run instead of decoding argmax(NaN) = token 0 (a NUL byte), on the engine's remasking
+    row as in the remasking loop."""
     import dsl_llada.sampling.remask as remask_mod
+    from dsl_llada.sampling.engine import Engine
 
-    real = remask_mod.block_logits
     calls = []
+    if batching == "fixed":
+        real = remask_mod.block_logits
 
-    def nan_on_second_call(*a, **k):
-        logits = real(*a, **k)
-        calls.append(1)
-        return logits * float("nan") if len(calls) >= 2 else logits
+        def nan_on_second_call(*a, **k):
+            logits = real(*a, **k)
+            calls.append(1)
+            return logits * float("nan") if len(calls) >= 2 else logits
 
-    monkeypatch.setattr(remask_mod, "block_logits", nan_on_second_call)
+        monkeypatch.setattr(remask_mod, "block_logits", nan_on_second_call)
+    else:
+        real_forward = Engine._forward
+
+        def nan_on_second_tick(self, rows, seqs):
+            logits = real_forward(self, rows, seqs)
+            calls.append(1)
+            return {k: [t * float("nan") for t in v] for k, v in logits.items()} if len(calls) >= 2 else logits
+
+        monkeypatch.setattr(Engine, "_forward", nan_on_second_tick)
     out = tmp_path / "o.jsonl"
-    assert run(model, out, "--sampler", "remask", "--steps", "4") == 2
+    assert run(model, out, "--sampler", "remask", "--steps", "4", "--batching", batching) == 2
     line = one_error(capsys)
     assert "NaN at block step 1" in line and "temperature=0.0" in line and "cfg_scale=0.0" in line
     assert out.read_text() == ""

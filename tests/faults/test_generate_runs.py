@@ -18,6 +18,7 @@ from faults_helpers import GENERATE_SAMPLING, error_lines, generate_prompts, mak
 import dsl_llada.sampling.batches as batches_mod
 from dsl_llada.cli import build_parser, main
 from dsl_llada.records import RecordFile
+from dsl_llada.sampling.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 6
@@ -52,15 +53,23 @@ def snapshot(out: Path) -> dict[str, bytes]:
 
 
 def failing(monkeypatch, bad: set[int]) -> None:
-    """Every sampler run that includes a prompt of `bad` raises a runtime error (an OOM, a broken layer)."""
+    """Every forward that includes a prompt of `bad` raises a runtime error (an OOM, a broken layer): an engine
+    tick with such a row live, or a fixed batch's sampler run holding one."""
     real = batches_mod.run_batch
+    real_forward = Engine._forward
 
     def wrapped(model_, prompt_ids, config, seeds, **kw):
         if {s - 42 for s in seeds} & bad:
             raise RuntimeError("simulated failure")
         return real(model_, prompt_ids, config, seeds, **kw)
 
+    def forward(self, rows, seqs):
+        if {int(r.tag) for r in rows} & bad:
+            raise RuntimeError("simulated failure")
+        return real_forward(self, rows, seqs)
+
     monkeypatch.setattr(batches_mod, "run_batch", wrapped)
+    monkeypatch.setattr(Engine, "_forward", forward)
 
 
 @pytest.fixture
@@ -174,18 +183,18 @@ def test_failed_prompts_exit_1_and_a_rerun_retries_only_them(model, prompts_file
     assert [("error" in json.loads(x)) for x in out.read_text().splitlines()] == [i in (1, 4) for i in range(N)]
     monkeypatch.undo()
     ran = []
-    real = batches_mod.run_batch
+    real = Engine._forward
 
-    def counting(model_, prompt_ids, config, seeds, **kw):
-        ran.append([s - 42 for s in seeds])
-        return real(model_, prompt_ids, config, seeds, **kw)
+    def counting(self, rows, seqs):
+        ran.append(sorted(int(r.tag) for r in rows))
+        return real(self, rows, seqs)
 
-    monkeypatch.setattr(batches_mod, "run_batch", counting)
+    monkeypatch.setattr(Engine, "_forward", counting)
     assert main(args(model, prompts_file, out)) == 0
     err = capsys.readouterr().err
     assert f"resuming {out}: 4 of {N} prompts already done; retrying 2 that failed before" in err
     assert f"done: {N} of {N} prompts generated" in err
-    assert ran == [[1], [4]]
+    assert ran == [[1, 4]] * 4  # only the two failed prompts run, together (4 steps)
     assert out.read_text() == reference  # sorted, one record per prompt, the error records replaced
 
 

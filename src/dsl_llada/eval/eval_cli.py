@@ -46,6 +46,11 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--max-error-rate", type=float, default=0.05, metavar="FRACTION",
                    help="exit 1 (naming the most common error) when more than this share of a task's items errored "
                         "(default 0.05 = 5%%); the records and the report are kept")
+    r.add_argument("--batching", default="continuous", choices=("continuous", "fixed"),
+                   help="continuous (default): each (task, dataset, method, NFE, seed) group's batches run on the "
+                        "step-level engine, the next prompt taking a finished row's place; fixed: one sampler call per "
+                        "batch. Same tokens either way; the AR baseline, one-forward and timed tasks and --kv-cache "
+                        "configs always run fixed batches")
     r.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_eval_run)
@@ -71,7 +76,8 @@ def cmd_eval_run(a: argparse.Namespace) -> int:
         return 0
     out = a.out if a.out else str(Path("eval-runs") / Path(a.config).stem)
     return run_eval_command(EvalRunSettings(cfg, out, overwrite=a.overwrite, new_run=a.new_run, report=not a.no_report,
-                                            max_error_rate=a.max_error_rate, progress=not a.quiet))
+                                            max_error_rate=a.max_error_rate, progress=not a.quiet,
+                                            batching=a.batching))
 
 
 def cmd_eval_report(a: argparse.Namespace) -> int:

@@ -41,8 +41,13 @@ class EvalRunSettings:
     max_error_rate: float = 0.05
     """Largest share of a task's items that may error with exit code 0."""
     progress: bool = True
+    batching: str = "continuous"
+    """'continuous': the diffusion samplers' batches run on the step-level engine; 'fixed': one sampler call per
+    batch (`runner.run_eval`). The records' tokens are the same."""
 
     def __post_init__(self) -> None:
+        if self.batching not in ("continuous", "fixed"):
+            raise ValueError(f"--batching {self.batching!r} is not one of continuous, fixed")
         if self.overwrite and self.new_run:
             raise ValueError("pass either --overwrite or --new-run, not both")
         if not (isinstance(self.max_error_rate, (int, float)) and math.isfinite(self.max_error_rate)
@@ -59,7 +64,7 @@ def run_eval_command(settings: EvalRunSettings) -> int:
 
     s = settings
     res = run_eval(s.config, Path(s.out), overwrite=s.overwrite, new_run=s.new_run, progress=s.progress,
-                   report=s.report)
+                   report=s.report, batching=s.batching)
     main_rank = os.environ.get("RANK", "0") == "0"
     if main_rank:
         print(json.dumps({"run_dir": str(res.run_dir), "items": res.n_items, "run_now": res.n_run,

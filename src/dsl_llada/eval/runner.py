@@ -6,6 +6,14 @@ config alone, and batch j belongs to rank j % world_size. Sample i always uses a
 records do not depend on the number of processes, and a batch is always run whole (a resumed batch is re-run with
 exactly its original rows; only its missing items are written), so a run killed at any moment and started again
 with the same command gives exactly the records of an uninterrupted run.
+
+By default (`batching='continuous'`) the diffusion samplers run a process's consecutive batches of one group on
+the step-level engine (`sampling.batches.run_continuous`, as many live rows as the batch size): the batches are
+fed whole and in plan order, a finished row's place goes to the next row at once, and each row's record is
+written as it finishes. Rows that take the same number of steps (every sampler without a confidence threshold)
+then run in exactly the fixed batches' arrangement; with a threshold the rows of later batches join mid-way, and
+the discrete samplers' tokens are the same in any arrangement. The autoregressive baseline, one-forward tasks,
+timed tasks (walltime) and key/value-cache configs run each batch as one call (`batching='fixed'` does so for all).
 """
 
 from __future__ import annotations
@@ -262,9 +270,20 @@ def _state():
     return PartialState(cpu=not torch.cuda.is_available())
 
 
+BATCHING = ("continuous", "fixed")
+"""How `run_eval` runs the sampled tasks' batches (`batching`)."""
+
+
 def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, new_run: bool = False,
-             progress: bool = True, report: bool = True) -> RunResult:
-    """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`."""
+             progress: bool = True, report: bool = True, batching: str = "continuous") -> RunResult:
+    """Run (or resume) an evaluation into `run_dir`. Works as one process or under `accelerate launch`.
+
+    `batching='continuous'` runs the diffusion samplers' batches on the step-level engine (a group's batches in
+    one engine run, the next row taking a finished row's place); 'fixed' runs each batch as one sampler call.
+    The records' tokens are the same either way; the autoregressive baseline, one-forward tasks, timed tasks and
+    key/value-cache configs always run fixed batches."""
+    if batching not in BATCHING:
+        raise ValueError(f"batching={batching!r} is not one of {', '.join(BATCHING)}")
     from . import models as M
     from . import preflight as P
 
@@ -302,12 +321,15 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
     n_run = n_err = 0
     warmed: set[tuple[str, str, int]] = set()
     try:
-        for b, loaded in _with_models(mine, cfg, device, progress and rank == 0):
-            recs = _run_one(b, loaded, plan, cfg, warmed)
-            todo = [r for r in recs if r["key"] not in done]
-            writer.write_many(todo)
-            n_run += len(todo)
-            n_err += sum(r["error"] is not None for r in todo)
+        for unit, loaded in _units(_with_models(mine, cfg, device, progress and rank == 0), batching):
+            config = _engine_config(unit[0], loaded) if batching == "continuous" else None
+            runs = (_run_continuous(unit, loaded, plan, cfg, config) if config is not None
+                    else (_run_one(b, loaded, plan, cfg, warmed) for b in unit))
+            for recs in runs:
+                todo = [r for r in recs if r["key"] not in done]
+                writer.write_many(todo)
+                n_run += len(todo)
+                n_err += sum(r["error"] is not None for r in todo)
     finally:
         writer.close()
     state.wait_for_everyone()
@@ -341,6 +363,21 @@ def _device(cfg: EvalConfig, state) -> str:
     if cfg.device == "cuda" and state.device.type == "cuda":
         return str(state.device)  # one GPU per rank
     return cfg.device
+
+
+def _units(batches: Iterator[tuple[Batch, Any]], batching: str) -> Iterator[tuple[list[Batch], Any]]:
+    """Consecutive batches of one (task, dataset, method, nfe, seed) group on one loaded model, together (one
+    engine run with `batching='continuous'`); each batch alone with 'fixed'."""
+    unit: list[Batch] = []
+    current = None
+    for b, loaded in batches:
+        if unit and (batching == "fixed" or loaded is not current or _group(b) != _group(unit[0])):
+            yield unit, current
+            unit = []
+        unit.append(b)
+        current = loaded
+    if unit:
+        yield unit, current
 
 
 def _with_models(batches: list[Batch], cfg: EvalConfig, device: str, progress: bool) -> Iterator[tuple[Batch, Any]]:
@@ -408,25 +445,78 @@ def _run_one(b: Batch, loaded, plan: Plan, cfg: EvalConfig,
 
     outs = retry_rows(range(len(ids)), call, failed, what=f"({b.task}, {b.dataset}, {b.method.name}, nfe {b.nfe})")
     recs = []
-    for s, key, p_ids, (resp, nfe, fwd, sec, bsec, bsz, error) in zip(b.samples, b.keys, ids, outs):
-        text = "" if resp is None else loaded.tokenizer.decode(resp, skip_special_tokens=True)
-        metrics = None
-        if error is None:
-            try:
-                metrics = task.item_metrics(s.info, text, cfg.scoring_mode)
-            except Exception as e:  # noqa: BLE001
-                error = f"metrics: {type(e).__name__}: {e}"
-        recs.append({"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe,
-                     "seed": b.seed, "sample_id": s.id, "index": s.index,
-                     "gen_length": b.gen_length, "prompt_tokens": len(p_ids), "text": text, "ids": resp,
-                     "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
-                     "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
-                     "info": s.info})
+    for s, key, p_ids, out in zip(b.samples, b.keys, ids, outs):
+        recs.append(_record(b, s, key, p_ids, out, loaded, task, cfg))
         if timing:
             from .tasks.walltime import peak_memory_mib
 
             recs[-1]["peak_mem_mib"] = peak_memory_mib(loaded.device)
     return recs
+
+
+def _record(b: Batch, s: Sample, key: str, p_ids: list[int], out: tuple[Any, ...], loaded, task,
+            cfg: EvalConfig) -> dict[str, Any]:
+    """One sampled item's record from its row (response ids, nfe, forward passes, seconds, batch seconds, batch
+    size, error): the decoded text and the task's metrics of it."""
+    resp, nfe, fwd, sec, bsec, bsz, error = out
+    text = "" if resp is None else loaded.tokenizer.decode(resp, skip_special_tokens=True)
+    metrics = None
+    if error is None:
+        try:
+            metrics = task.item_metrics(s.info, text, cfg.scoring_mode)
+        except Exception as e:  # noqa: BLE001
+            error = f"metrics: {type(e).__name__}: {e}"
+    return {"key": key, "task": b.task, "dataset": b.dataset, "method": b.label, "model": b.model, "nfe": b.nfe,
+            "seed": b.seed, "sample_id": s.id, "index": s.index,
+            "gen_length": b.gen_length, "prompt_tokens": len(p_ids), "text": text, "ids": resp,
+            "n_tokens": None if resp is None else len(resp), "nfe_sampler": nfe, "forward_passes": fwd,
+            "seconds": sec, "batch_seconds": bsec, "batch_size": bsz, "error": error, "metrics": metrics,
+            "info": s.info}
+
+
+def _engine_config(b: Batch, loaded) -> Any | None:
+    """The sampler config of `b` when its rows can run on the step-level engine, else None: a diffusion sampler
+    (not the autoregressive baseline, not a one-forward task) without a key/value cache, on a DSLModel or Backbone,
+    and not a timed task (walltime times each fixed call)."""
+    from ..sampling.batches import engine_runs
+
+    if b.method is None or b.method.preset == "ar" or getattr(get_task(b.task), "warmup", False):
+        return None
+    config = getattr(b.choice, "config", b.choice)
+    return config if engine_runs(loaded.model, config) else None
+
+
+def _group(b: Batch) -> tuple[Any, ...]:
+    return (b.task, b.dataset, b.label, b.model, b.nfe, b.seed)
+
+
+def _run_continuous(batches: list[Batch], loaded, plan: Plan, cfg: EvalConfig, config: Any
+                    ) -> Iterator[list[dict[str, Any]]]:
+    """The rows of consecutive batches of one (task, dataset, method, nfe, seed) group on the step-level engine,
+    with as many live rows as the largest batch: the next row takes a finished row's place at once. Yields the
+    records of the rows that finish at each tick. Every batch is run whole, in plan order, as on the fixed batches
+    (so a resumed run makes the arrangement of an uninterrupted one); a row's exception, of any type, becomes its
+    record's error (a shared forward that raises is run again row by row)."""
+    from ..sampling.batches import run_continuous
+
+    task = get_task(batches[0].task)
+    rows = [(b, s, key) for b in batches for s, key in zip(b.samples, b.keys)]
+    ids = [plan.prompt_ids[(b.task, b.dataset, b.model, s.id)] for b, s, _ in rows]
+    seeds = [b.seed + s.index for b, s, _ in rows]
+    width = max(len(b.samples) for b in batches)
+    for done in run_continuous(loaded.model, ids, config, max_rows=width, seed_of=lambda i: seeds[i],
+                               check_context=False, fatal=()):
+        recs = []
+        for r in done:
+            b, s, key = rows[r.index]
+            out = r.output
+            if out is None:
+                row: tuple[Any, ...] = (None, None, None, r.seconds, r.batch_seconds, r.batch_size, r.error)
+            else:
+                row = (r.response, int(out.nfe), int(out.forward_passes), r.seconds, r.batch_seconds, r.batch_size,
+                       None)
+            recs.append(_record(b, s, key, ids[r.index], row, loaded, task, cfg))
+        yield recs
 
 
 def _run_forward(b: Batch, loaded, task, cfg: EvalConfig) -> list[dict[str, Any]]:

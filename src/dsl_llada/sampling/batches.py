@@ -21,6 +21,11 @@ world's evaluation, sweep and cache frontier, the benchmarks); the server batche
 
 It yields one list of `RowResult` per batch, in position order, before the next batch starts, so a caller can
 append the batch to its records at once.
+
+`run_continuous` is the same contract on the step-level engine (`sampling.engine.Engine`): instead of fixed batches
+that shrink as rows finish, the next prompt joins the running batch as soon as a row leaves, and the rows that
+finish at a tick are yielded at once (in position order). Seeds, the context check, the guard and `skip` are as
+above, and each row's tokens are those `run_batches` gives it alone (docs/samplers.md, "Step-level engine").
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from ..model import DSLModel
 from ..utils import progress as progress_bar
 from .common import PromptBatch, SampleOutput
 from .dispatch import SamplerConfig, sample
+from .engine import Engine, EngineResult
 from .guards import FiniteLogitsGuard
 
-__all__ = ["RowResult", "retry_rows", "run_batch", "run_batches"]
+__all__ = ["RowResult", "retry_rows", "run_batch", "run_batches", "run_continuous"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +167,104 @@ def run_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
             continue
         yield retry_rows(idx, call, failed, fatal=(ValueError,), retry_single=False,
                          what=f"prompts ({idx[0]}..{idx[-1]})")
+
+
+def engine_runs(model: object, config: SamplerConfig) -> bool:
+    """Whether `run_continuous` can run `config` on `model`: a DSLModel or Backbone, without a key/value cache."""
+    return isinstance(model, (DSLModel, Backbone)) and getattr(config, "kv_cache", "off") == "off"
+
+
+def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig, *,
+                   max_rows: int, seed_of: Callable[[int], int], skip: Collection[int] = (), retry: bool = True,
+                   guard: bool = True, check_context: bool = True, progress: bool = False,
+                   desc: str = "sample", fatal: tuple[type[Exception], ...] = (ValueError,)
+                   ) -> Iterator[list[RowResult]]:
+    """Run `prompt_ids` through `config` on the step-level engine with at most `max_rows` live rows; yields the
+    rows that finish at each tick (see the module docstring).
+
+    A row's `output` is its batch-of-one SampleOutput; `seconds` its share of the ticks it was live for (each
+    tick's time divided by the rows live at it), `batch_seconds` the time of those ticks, `batch_size` the rows
+    live at its last tick. A row whose own computation raises is recorded with its `error`, unless the exception
+    is one of `fatal` (default ValueError: bad setup, non-finite weights), which stops the run; a
+    KeyboardInterrupt always does. With `retry`, a tick whose shared forward raises any other exception runs each
+    row live at that tick again alone, from its start (a row that still fails gets its error); without `retry`
+    the error propagates. (The evaluation runner passes `fatal=()`: it records every exception per row.)"""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows={max_rows!r} must be an int >= 1")
+    if check_context:
+        check_prompt_lengths(prompt_ids, context=context_limit(model), gen_length=config.gen_length)
+    done = set(skip)
+    todo = [i for i in range(len(prompt_ids)) if i not in done]
+    device = model_device(model)
+    engine = Engine(model, max_rows=max_rows)
+
+    def submit(e: Engine, i: int) -> None:
+        e.submit(prompt_ids[i], config, generator=torch.Generator(device="cpu").manual_seed(int(seed_of(i))),
+                 callback=FiniteLogitsGuard() if guard else None, tag=i)
+
+    for i in todo:
+        submit(engine, i)
+    share: dict[int, float] = {}
+    spent: dict[int, float] = {}
+
+    def row(r: EngineResult, live: int) -> RowResult:
+        i = int(r.tag)
+        if r.exception is not None and isinstance(r.exception, fatal):
+            raise r.exception
+        if r.error is not None:
+            log.warning("prompt %d failed (%s); recorded with its error, continuing", i, r.error)
+            return RowResult(i, seed_of(i), None, 0, r.error, share.pop(i, 0.0), spent.pop(i, 0.0), live)
+        return RowResult(i, seed_of(i), r.output(), 0, None, share.pop(i, 0.0), spent.pop(i, 0.0), live)
+
+    bar = progress_bar(range(len(todo)), total=len(todo), desc=desc, enabled=progress)
+    finished = iter(bar)
+    while len(engine):
+        _sync(device)
+        t0 = time.perf_counter()
+        try:
+            results = engine.step()
+        except fatal:
+            raise
+        except Exception as e:  # the shared forward failed: its rows run again one by one
+            if not retry:
+                raise
+            stuck = [engine.cancel(rid) for rid, _ in engine.live_requests]
+            log.warning("a tick of %d rows raised %s: %s; running its rows one by one", len(stuck), type(e).__name__, e)
+            # rows admitted at this tick left the queue: they are among the live ones cancelled above
+            alone_rows: list[RowResult] = []
+            for res in stuck:
+                assert res is not None
+                i = int(res.tag)
+                solo = Engine(model, max_rows=1)
+                submit(solo, i)
+                t1 = time.perf_counter()
+                try:
+                    got = [row(x, 1) for x in solo.run()]
+                except fatal:
+                    raise
+                except Exception as e1:  # noqa: BLE001
+                    log.warning("prompt %d failed (%s: %s); recorded with its error, continuing", i,
+                                type(e1).__name__, e1)
+                    dt = time.perf_counter() - t1
+                    got = [RowResult(i, seed_of(i), None, 0, f"{type(e1).__name__}: {e1}", dt, dt, 1)]
+                alone_rows += got
+            for _ in alone_rows:
+                next(finished, None)
+            yield sorted(alone_rows, key=lambda r: r.index)
+            continue
+        _sync(device)
+        dt = time.perf_counter() - t0
+        live = engine.live + len(results)
+        for _, tag in engine.live_requests:
+            i = int(tag)
+            share[i] = share.get(i, 0.0) + dt / live
+            spent[i] = spent.get(i, 0.0) + dt
+        for x in results:
+            i = int(x.tag)
+            share[i] = share.get(i, 0.0) + dt / live
+            spent[i] = spent.get(i, 0.0) + dt
+        if results:
+            rows = sorted((row(x, live) for x in results), key=lambda r: r.index)
+            for _ in rows:
+                next(finished, None)
+            yield rows

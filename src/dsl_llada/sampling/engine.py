@@ -48,9 +48,9 @@ from ..snr import snr_schedule
 from .common import RowRNG, SampleOutput, StepCallback, StepInfo, stop_lengths
 from .denoiser import scale_states
 from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
-from .remask import _step_info
-from .remask_step import NEG_INF, banned_ids, remask_step, remaining_quota, suppressed_steps, transfer_counts
-from .sde import checked_beta, decode_argmax
+from .remask import remask_step_info
+from .remask_step import guide_and_ban, remask_step, remaining_quota, suppressed_steps, transfer_counts
+from .sde import brownian_increment, checked_beta, decode_argmax, heun_correct, heun_predict
 
 __all__ = ["Engine", "EngineConfig", "EngineResult"]
 
@@ -214,20 +214,15 @@ class _SDERow(_Row):
                 raise NonFiniteLogitsError(WEIGHTS_MESSAGE)
             assert e is not None
             g0, g1 = float(self.grid[self.s]), float(self.grid[self.s + 1])
-            delta = g1 - g0
-            self.dW = self.rng.randn(tuple(self.y.shape), device=self.y.device) * abs(delta) ** 0.5
-            self.v0 = (e - self.y) / g0
-            self.y_pred = self.y + delta * self.v0
-            if self.config.predictor_noise:
-                self.y_pred = self.y_pred + (self.eta / g0) * self.dW
+            self.dW = brownian_increment(self.rng, self.y, g0, g1)
+            self.y_pred, self.v0 = heun_predict(self.y, e, g0, g1, self.dW, eta=self.eta,
+                                                predictor_noise=self.config.predictor_noise)
             self.stage = "corrector"
             return None
         if self.stage == "corrector":
             assert e is not None
             g0, g1 = float(self.grid[self.s]), float(self.grid[self.s + 1])
-            delta = g1 - g0
-            v1 = (e - self.y_pred) / g1
-            self.y = self.y + 0.5 * delta * (self.v0 + v1) + 0.5 * (self.eta / g0 + self.eta / g1) * self.dW
+            self.y = heun_correct(self.y, self.y_pred, self.v0, e, g0, g1, self.dW, eta=self.eta)
             check_finite_state(self.y, "SDE state", self.settings)
             s = self.s
             self.s += 1
@@ -316,13 +311,8 @@ class _RemaskRow(_Row):
     def update(self, logits: list[torch.Tensor]) -> EngineResult | None:
         """logits: per sequence (1, W, V) float32 of the block (zeros in columns not asked for)."""
         c, lo, hi = self.config, *self._window()
-        guided = logits[0]
-        if c.cfg_scale > 0:
-            un = logits[1]
-            guided.sub_(un).mul_(c.cfg_scale + 1.0).add_(un)
-        guided[..., self.mask_id] = NEG_INF
-        for tok in banned_ids(c, self.engine.special, self.i, self.n_suppress):
-            guided[..., tok] = NEG_INF
+        guided = guide_and_ban(logits[0], logits[1] if c.cfg_scale > 0 else None, config=c,
+                               special=self.engine.special, block_step=self.i, n_suppress=self.n_suppress)
         block = self.x[lo:hi][None]
         if c.threshold is not None:
             quota = remaining_quota((block == self.mask_id).sum(dim=1), self.S_b - self.i)
@@ -333,7 +323,7 @@ class _RemaskRow(_Row):
         self.x[lo:hi] = st.tokens[0]
         self.row_steps[self.block] += 1
         if self.callback is not None:
-            info = _step_info(self.x[self.P:][None], st, guided, (lo - self.P, hi - self.P), c, self.mask_id,
+            info = remask_step_info(self.x[self.P:][None], st, guided, (lo - self.P, hi - self.P), c, self.mask_id,
                               step=self.step_count, block=self.block, block_step=self.i, rows=(0,))
             if self.notify(info):
                 self.step_count += 1
@@ -466,9 +456,10 @@ class Engine:
         already finished."""
         for p in self._pending:
             if p.request_id == request_id:
-                self._pending.remove(p)
-                row = self._admit(p)
-                return row.abandon(True, None)
+                self._pending.remove(p)  # never admitted: no state, no forward
+                L = p.config.gen_length
+                ids = torch.full((L,), self.special.mask, dtype=torch.long)
+                return EngineResult(p.request_id, p.tag, p.config, ids, 0, 0, 0, 0, dropped=True)
         for row in self._live:
             if row.id == request_id:
                 self._live.remove(row)
@@ -479,6 +470,11 @@ class Engine:
     def live(self) -> int:
         """Rows in the running batch."""
         return len(self._live)
+
+    @property
+    def live_requests(self) -> list[tuple[int, Any]]:
+        """(request id, tag) of each live row, in admission order."""
+        return [(r.id, r.tag) for r in self._live]
 
     @property
     def pending(self) -> int:

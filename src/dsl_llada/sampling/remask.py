@@ -38,8 +38,8 @@ from .common import (ForwardCounter, LiveRows, PromptBatch, RowRNG, SampleOutput
 from .kv_cache import WindowKVCache
 from .observers import with_progress
 from .positions import LogitsBuffer, block_logits
-from .remask_step import (NEG_INF, RemaskStep, banned_ids, block_schedule, remaining_quota, remask_step,
-                          suppressed_steps, transfer_counts)
+from .remask_step import (RemaskStep, block_schedule, guide_and_ban, remaining_quota, remask_step, suppressed_steps,
+                          transfer_counts)
 
 if TYPE_CHECKING:
     from ..backbones.base import SpecialTokens
@@ -231,7 +231,7 @@ def _one_step(run: _Run, k_blk: int, i: int, lo: int, hi: int, quota: torch.Tens
     if run.trajectory is not None:  # .cpu() of a CPU tensor would alias x
         run.trajectory.append(run.live.expand(run.x[:, P:].to("cpu", copy=True), mask_id))
     if run.callback is not None:
-        info = _step_info(run.x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=run.step, block=k_blk,
+        info = remask_step_info(run.x[:, P:], st, logits, (lo - P, hi - P), config, mask_id, step=run.step, block=k_blk,
                           block_step=i, rows=run.live.rows)
         run.callback(info)
         keep = run.live.after(info, run.rng, run.x.device)
@@ -256,9 +256,9 @@ def _output(run: _Run) -> SampleOutput:
                         dropped=run.live.dropped, steps_per_block=run.live.expand(run.row_steps, 0))
 
 
-def _step_info(response: torch.Tensor, st: RemaskStep, logits: torch.Tensor, window: tuple[int, int],
-               config: RemaskConfig, mask_id: int, *, step: int, block: int, block_step: int,
-               rows: Sequence[int]) -> StepInfo:
+def remask_step_info(response: torch.Tensor, st: RemaskStep, logits: torch.Tensor, window: tuple[int, int],
+                     config: RemaskConfig, mask_id: int, *, step: int, block: int, block_step: int,
+                     rows: Sequence[int]) -> StepInfo:
     """The callback's view of a step: `response` (B, L) the response tokens after it, `window` the block's span."""
     lo, hi = window
     newly = torch.zeros(response.shape, dtype=torch.bool, device=response.device)
@@ -284,17 +284,12 @@ def _guided_logits(forward: Callable[..., torch.Tensor], x: torch.Tensor, attn: 
     buffer allocate anew, see positions.LogitsBuffer)."""
     mask_id, P = special.mask, prompt_real.shape[1]
     logits = block_logits(forward, x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[0])
+    un = None
     if config.cfg_scale > 0:
         un_x = x.clone()
         un_x[:, :P] = un_x[:, :P].masked_fill(prompt_real, mask_id)
         un = block_logits(forward, un_x, attn, lo, hi, mask_id, masked_only=not config.remdm, buffer=buffers[1])
-        # un + (s + 1) (logits - un), in place and bit for bit the same (each op is the same rounding)
-        logits.sub_(un).mul_(config.cfg_scale + 1.0).add_(un)
-        del un
-    logits[..., mask_id] = NEG_INF  # never propose [MASK] as a token
-    for tok in banned_ids(config, special, block_step, n_suppress):
-        logits[..., tok] = NEG_INF
-    return logits
+    return guide_and_ban(logits, un, config=config, special=special, block_step=block_step, n_suppress=n_suppress)
 
 
 def _step_rows(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.Tensor, active: torch.Tensor | None,

@@ -21,7 +21,7 @@ from .common import RowRNG
 from .guards import NonFiniteStateError
 from .remdm import in_loop_window, loop_time, remask_confidence, remask_probabilities, sigma_max
 
-__all__ = ["RemaskStep", "banned_ids", "block_schedule", "remaining_quota", "remask_step", "row_argmax_logsumexp",
+__all__ = ["RemaskStep", "banned_ids", "block_schedule", "guide_and_ban", "remaining_quota", "remask_step", "row_argmax_logsumexp",
            "row_logsumexp", "suppressed_steps", "transfer_counts"]
 
 NEG_INF = float("-inf")
@@ -68,6 +68,20 @@ def banned_ids(config: RemaskConfig, special: SpecialTokens, block_step: int, n_
     if block_step < n_suppress:
         banned.extend(special.stop_ids())
     return sorted(set(banned))
+
+
+def guide_and_ban(logits: torch.Tensor, unconditional: torch.Tensor | None, *, config: RemaskConfig,
+                  special: SpecialTokens, block_step: int, n_suppress: int) -> torch.Tensor:
+    """The logits a step commits from, computed in place in `logits` (returned): classifier-free guidance
+    un + (cfg_scale + 1) (logits - un) when `unconditional` is given, then [MASK] (never proposed) and the
+    `banned_ids` of this block step at -inf."""
+    if unconditional is not None:
+        # in place and bit for bit the same as the out-of-place formula (each op is the same rounding)
+        logits.sub_(unconditional).mul_(config.cfg_scale + 1.0).add_(unconditional)
+    logits[..., special.mask] = NEG_INF
+    for tok in banned_ids(config, special, block_step, n_suppress):
+        logits[..., tok] = NEG_INF
+    return logits
 
 
 def _topk_mask(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,31 @@ def checked_beta(model: DSLModel, config: SDEConfig) -> float:
     return beta
 
 
+def brownian_increment(rng: RowRNG, y: torch.Tensor, g0: float, g1: float) -> torch.Tensor:
+    """dW = sqrt(|gamma_1 - gamma_0|) xi, xi ~ N(0, I) of y's shape from the rows' generators: the one random draw
+    of a Heun step from g0 to g1, made before its predictor."""
+    return rng.randn(tuple(y.shape), device=y.device) * float(abs(g1 - g0) ** 0.5)
+
+
+def heun_predict(y: torch.Tensor, e0: torch.Tensor, g0: float, g1: float, dW: torch.Tensor, *, eta: float,
+                 predictor_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predictor of a Heun step from g0 to g1: (y_pred, v0) with v0 = (ê(y, g0) - y) / g0 and
+    y_pred = y + (g1 - g0) v0, plus (eta / g0) dW with `predictor_noise`. `e0` is ê(y, g0)."""
+    v0 = (e0 - y) / g0
+    y_pred = y + (g1 - g0) * v0
+    if predictor_noise:
+        y_pred = y_pred + (eta / g0) * dW
+    return y_pred, v0
+
+
+def heun_correct(y: torch.Tensor, y_pred: torch.Tensor, v0: torch.Tensor, e1: torch.Tensor, g0: float, g1: float,
+                 dW: torch.Tensor, *, eta: float) -> torch.Tensor:
+    """The corrector of a Heun step from g0 to g1: the new state y + (g1 - g0)/2 (v0 + v1) + 1/2 (eta/g0 + eta/g1)
+    dW, with v1 = (ê(y_pred, g1) - y_pred) / g1. `e1` is ê(y_pred, g1); `v0` and `dW` are the predictor's."""
+    v1 = (e1 - y_pred) / g1
+    return y + 0.5 * (g1 - g0) * (v0 + v1) + 0.5 * (eta / g0 + eta / g1) * dW
+
+
 def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: float, predictor_noise: bool,
                rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], torch.Tensor | None] | None = None,
                check_first: Callable[[torch.Tensor], None] | None = None,
@@ -69,18 +94,13 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
     steps = len(grid) - 1
     for s in progress_bar(range(steps), total=steps, desc=desc, enabled=show_progress):
         g0, g1 = float(grid[s]), float(grid[s + 1])
-        delta = g1 - g0
-        dW = rng.randn(tuple(y.shape), device=y.device) * abs(delta) ** 0.5
+        dW = brownian_increment(rng, y, g0, g1)
         e0, logits0 = denoise(y, g0)
         if s == 0 and check_first is not None:
             check_first(logits0)
-        v0 = (e0 - y) / g0
-        y_pred = y + delta * v0
-        if predictor_noise:
-            y_pred = y_pred + (eta / g0) * dW
+        y_pred, v0 = heun_predict(y, e0, g0, g1, dW, eta=eta, predictor_noise=predictor_noise)
         e1, logits = denoise(y_pred, g1)
-        v1 = (e1 - y_pred) / g1
-        y = y + 0.5 * delta * (v0 + v1) + 0.5 * (eta / g0 + eta / g1) * dW
+        y = heun_correct(y, y_pred, v0, e1, g0, g1, dW, eta=eta)
         if check_state is not None:
             check_state(y)
         if on_step is not None:
