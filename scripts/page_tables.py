@@ -426,6 +426,38 @@ def serve_rounds(r: Results) -> str:
     return md(["variant", "median s", "min s", "max s"], rows)
 
 
+# -------------------------------------------------------------------------- bench_serve_mixed.py, probe
+
+
+def serve_mixed_rows(r: Results) -> str:
+    """`bench_serve_mixed.py --json`: per arrival rate and server, throughput, latency percentiles and load."""
+    rows = [[rate, name, m["answered"], str(m["req_per_s"]), str(m["tokens_per_s"]), str(m["p50_s"]), str(m["p95_s"]),
+             str(m["short_p50_s"]), str(m["short_p95_s"]), str(m["ttfs_p50_s"]), str(m["ttfs_p95_s"]),
+             f"{m['load_before']} / {m['load_after']}"]
+            for rate, sides in r["rates"].items() for name in ("before", "engine") for m in (sides[name],)]
+    return md(["rate (req/s)", "server", "answered", "req/s", "tokens/s", "p50 s", "p95 s", "short p50 s",
+               "short p95 s", "first step p50 s", "first step p95 s", "load avg before/after"], rows)
+
+
+def serve_mixed_ratios(r: Results) -> str:
+    """`bench_serve_mixed.py --json`: per arrival rate, the fixed-batch server's latencies over the engine's."""
+    rows = [[rate, f"{b['p95_s'] / e['p95_s']:.2f}x", f"{b['short_p95_s'] / e['short_p95_s']:.2f}x",
+             f"{b['ttfs_p95_s'] / e['ttfs_p95_s']:.2f}x", f"{e['req_per_s'] / b['req_per_s']:.2f}x"]
+            for rate, sides in r["rates"].items() for b, e in ((sides["before"], sides["engine"]),)]
+    return md(["rate (req/s)", "p95 latency before / engine", "short requests' p95 before / engine",
+               "first step p95 before / engine", "throughput engine / before"], rows)
+
+
+def serve_probe(r: Results) -> str:
+    """`bench_serve_probe.py --json`: the short request alone and beside the long one, and the long one."""
+    def cell(x: dict[str, float]) -> str:
+        return f"{x['median']} [{x['min']}, {x['max']}]"
+    rows = [[name, cell(s["short_alone_s"]), cell(s["short_s"]), cell(s["long_s"]),
+             f"{s['short_s']['median'] / s['long_s']['median']:.2f}"]
+            for name in ("before", "engine") for s in (r["servers"][name],)]
+    return md(["server", "short alone", "short, sent beside the long one", "long", "short / long"], rows)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 
 TABLES = {t.name: t for t in (
@@ -470,6 +502,11 @@ TABLES = {t.name: t for t in (
     # serving.md
     PageTable("serve-h200-d64", "serving.md", ("serve_h200_d64.json",), serve_rounds),
     PageTable("serve-h200-d512", "serving.md", ("serve_h200_d512.json",), serve_rounds),
+    PageTable("serve-mixed-nfe256", "serving.md", ("serve_mixed_nfe256.json",), serve_mixed_rows),
+    PageTable("serve-mixed-nfe256-ratios", "serving.md", ("serve_mixed_nfe256.json",), serve_mixed_ratios),
+    PageTable("serve-mixed-nfe1024", "serving.md", ("serve_mixed_nfe1024.json",), serve_mixed_rows),
+    PageTable("serve-mixed-nfe1024-ratios", "serving.md", ("serve_mixed_nfe1024.json",), serve_mixed_ratios),
+    PageTable("serve-probe", "serving.md", ("serve_probe.json",), serve_probe),
 )}
 
 
