@@ -12,6 +12,8 @@ loads it); `--variants` picks them:
                      (GNU OpenMP: a 300,000-iteration spin before a thread sleeps), what a library user got before
   configure-process  `dsl_llada.configure_process(threads=...)` before torch is imported: the CLI's settings
   passive            `dsl_llada.configure_process(threads=..., openmp_wait="passive")`
+  wait-unchanged     `dsl_llada.configure_process(threads=..., openmp_wait="unchanged")`: everything but the waiting
+  one-thread         `dsl_llada.configure_process(threads=1, openmp_wait="unchanged")`
 Each child times, in rotating order: DSL-SDE at NFE `--nfe` and LLaDA remasking at `--nfe` steps (the library's
 `sample_sde` / `sample_remask`), and the restatements of the authors' per-call work for both (bench_vs_authors.py),
 batch 1, LLaDA-shaped model (d 256, 4 layers, V 32,768, noise dim 100), prompt 128 + 128 tokens, fp32, after one
@@ -32,6 +34,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,12 +46,15 @@ VARIANTS = {  # name -> configure_process keyword arguments (None: the call is n
     "openmp-default": None,
     "configure-process": {},
     "passive": {"openmp_wait": "passive"},
+    "wait-unchanged": {"openmp_wait": "unchanged"},
+    "one-thread": {"openmp_wait": "unchanged", "threads": 1},
 }
 SAMPLERS = ("sde", "authors_sde", "remask", "authors_remask")
 """The timed calls; each library sampler beside its restatement (`REFERENCE`)."""
 REFERENCE = {"sde": "authors_sde", "remask": "authors_remask"}
-HOG = "x = 1\nwhile True:\n    x = (x * 1103515245 + 12345) & 0xFFFFFFFF\n"
-"""One neighbour: a tight integer loop (pure CPU)."""
+HOG = ("import os\nparent = os.getppid()\nx = 1\nwhile os.getppid() == parent:\n    for _ in range(100000):\n"
+       "        x = (x * 1103515245 + 12345) & 0xFFFFFFFF\n")
+"""One neighbour: a tight integer loop (pure CPU) that ends when this script does."""
 TITLE = "The library on a busy machine"
 
 
@@ -60,7 +66,7 @@ def child(variant: str, threads: int | None, nfe: int) -> None:
     import dsl_llada
 
     kwargs = VARIANTS[variant]
-    settings = None if kwargs is None else dsl_llada.configure_process(threads=threads, **kwargs)
+    settings = None if kwargs is None else dsl_llada.configure_process(**{"threads": threads, **kwargs})
     import torch
     from bench_vs_authors import authors_remask, authors_sde
     from benchlib import llada_shaped, random_prompts
@@ -131,8 +137,10 @@ class Child:
         self.proc.stdin.flush()
         return self._answer()
 
-    def close(self) -> None:
-        if self.proc.stdin is not None:
+    def close(self, *, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
+        elif self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
@@ -156,6 +164,7 @@ def measure(a: argparse.Namespace) -> dict:
     neighbours = a.neighbours if a.neighbours is not None else 2 * usable_cpus()
     threads = a.threads if a.threads is not None else usable_cpus()
     children: dict[str, Child] = {}
+    finished = False
     try:
         for v in a.variants:
             children[v] = Child(v, threads, a.nfe)
@@ -172,9 +181,10 @@ def measure(a: argparse.Namespace) -> dict:
                 runs.append({"round": r, "phase": phase, "load_before": before, "load_after": load_average(),
                              "variants": out})
                 print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+        finished = True
     finally:
         for c in children.values():
-            c.close()
+            c.close(kill=not finished)
     return summarise({"nfe": a.nfe, "rounds": a.rounds, "threads": threads, "neighbours": neighbours,
                       "neighbour_kind": "python integer loop (linear congruential generator), one process each",
                       "usable_cpus": usable_cpus(), "variants": a.variants,
@@ -211,16 +221,17 @@ def write_markdown(r: dict) -> None:
     label = {"sde": f"SDE NFE {r['nfe']}, library", "authors_sde": f"SDE NFE {r['nfe']}, restatement",
              "remask": f"remasking {r['nfe']} steps, library", "authors_remask": f"remasking {r['nfe']} steps, restatement"}
     lines = [f"Command: `{r['command']}`. {r['neighbours']} neighbour processes ({r['neighbour_kind']}) on "
-             f"{r['usable_cpus']} usable CPUs during each loaded phase; {r['threads']} intra-op threads in every "
-             f"variant; batch 1, prompt 128 + 128 tokens, fp32, LLaDA-shaped model (d 256, 4 layers, V 32,768). "
+             f"{r['usable_cpus']} usable CPUs during each loaded phase; batch 1, prompt 128 + 128 tokens, fp32, LLaDA-shaped model (d 256, 4 layers, V 32,768). "
              f"{r['rounds']} rounds, each an idle and a loaded phase (order alternating), every variant in each phase "
              "(order rotating); each variant is one process for the whole run. Ratio = loaded / idle time of the same "
              "round, median (range).", "",
-             "| variant | sampler | idle s, median | loaded s, median | loaded / idle (range) |", "|---|---|---|---|---|"]
+             "| variant | threads | sampler | idle s, median | loaded s, median | loaded / idle (range) |",
+             "|---|---|---|---|---|---|"]
     for v in r["variants"]:
         for s in SAMPLERS:
             e = r["table"][v][s]
-            lines.append(f"| {v} | {label[s]} | {e['idle_median_s']:.3f} | {e['loaded_median_s']:.3f} | "
+            lines.append(f"| {v} | {r['children'][v]['threads']} | {label[s]} | {e['idle_median_s']:.3f} | "
+                         f"{e['loaded_median_s']:.3f} | "
                          f"**{e['ratio']:.2f}x** ({min(e['ratio_rounds']):.2f}–{max(e['ratio_rounds']):.2f}) |")
     lo, hi = r["load_range"] or (None, None)
     lines += ["", f"Tokens: the library's equal the restatement's in every call: "
@@ -253,6 +264,7 @@ def main() -> None:
     from benchlib import command_line, parse_args, run_environment, write_text
 
     a = parse_args(ap)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))  # so the neighbours and children stop
     if a.report is not None:
         write_markdown(json.loads(a.report.read_text()))
         return
