@@ -221,7 +221,8 @@ def write_markdown(r: dict) -> None:
     label = {"sde": f"SDE NFE {r['nfe']}, library", "authors_sde": f"SDE NFE {r['nfe']}, restatement",
              "remask": f"remasking {r['nfe']} steps, library", "authors_remask": f"remasking {r['nfe']} steps, restatement"}
     lines = [f"Command: `{r['command']}`. {r['neighbours']} neighbour processes ({r['neighbour_kind']}) on "
-             f"{r['usable_cpus']} usable CPUs during each loaded phase; batch 1, prompt 128 + 128 tokens, fp32, LLaDA-shaped model (d 256, 4 layers, V 32,768). "
+             f"{r['usable_cpus']} usable CPUs during each loaded phase; batch 1, prompt 128 + 128 tokens, fp32, "
+             "LLaDA-shaped model (d 256, 4 layers, V 32,768). "
              f"{r['rounds']} rounds, each an idle and a loaded phase (order alternating), every variant in each phase "
              "(order rotating); each variant is one process for the whole run. Ratio = loaded / idle time of the same "
              "round, median (range).", "",
@@ -239,7 +240,7 @@ def write_markdown(r: dict) -> None:
               f"{'yes' if r['same_tokens_everywhere'] else '**no**'}. 1-minute load average over the phases: {lo}–{hi} "
               "(the host is shared with other jobs).", "",
               environment_footer(r.get("environment"))]
-    write_section(TITLE, "\n".join(lines), page="process-settings.md")
+    write_section(f"{TITLE}, NFE {r['nfe']}", "\n".join(lines), page="process-settings.md")
 
 
 def main() -> None:

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from . import __version__, allocator, openmp
+from . import allocator, openmp
 from .openmp import MAX_THREADS, check_threads
+from .version import __version__
 
 __all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
            "finish_record", "git_state",

@@ -61,7 +61,8 @@ class ProcessSettings:
     openmp_wait: str
     """The wait choice asked for (one of `WAITS`)."""
     openmp_environment: dict[str, str | None] = field(default_factory=dict)
-    """The wait variables (`openmp.VARIABLES`) as OpenMP reads them when it starts after this call (None: unset)."""
+    """The wait variables (`openmp.VARIABLES`) in the environment after this call (None: unset): what OpenMP starts
+    with when `openmp_applied`, else the environment as found (OpenMP may have started with other values)."""
     openmp_applied: bool = True
     """False when OpenMP had already started: the running process keeps the wait settings it started with."""
     malloc: dict[str, int] = field(default_factory=dict)
