@@ -14,7 +14,7 @@ that changes them has to come first::
     import torch
 
 Called later, it still sets the thread count and the malloc thresholds, leaves the environment's OpenMP settings
-alone (they would no longer describe the running process) and warns once. No torch import at module level here.
+alone (they would no longer describe the running process) and warns. No torch import at module level here.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -64,7 +65,8 @@ class ProcessSettings:
     """The wait variables (`openmp.VARIABLES`) in the environment after this call (None: unset): what OpenMP starts
     with when `openmp_applied`, else the environment as found (OpenMP may have started with other values)."""
     openmp_applied: bool = True
-    """False when OpenMP had already started: the running process keeps the wait settings it started with."""
+    """False when a wait choice came after OpenMP had started (the process keeps the settings OpenMP started with);
+    True when it reached OpenMP, or when none was asked for (`unchanged`)."""
     malloc: dict[str, int] = field(default_factory=dict)
     """glibc's thresholds this call set (empty: not asked, not glibc, or the user's MALLOC_* variables stand)."""
 
@@ -81,7 +83,7 @@ def openmp_started() -> bool:
         return False
 
 
-def wait_environment(choice: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str | None]:
+def wait_environment(choice: str, environ: MutableMapping[str, str]) -> dict[str, str | None]:
     """Apply the wait `choice` (one of `WAITS`) to `environ`; returns the wait variables it leaves there."""
     if choice == "cli":
         openmp.set_wait_defaults(environ)
