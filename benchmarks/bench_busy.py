@@ -240,7 +240,12 @@ def write_markdown(r: dict) -> None:
               f"{'yes' if r['same_tokens_everywhere'] else '**no**'}. 1-minute load average over the phases: {lo}–{hi} "
               "(the host is shared with other jobs).", "",
               environment_footer(r.get("environment"))]
-    write_section(f"{TITLE}, NFE {r['nfe']}", "\n".join(lines), page="process-settings.md")
+    write_section(section_title(r), "\n".join(lines), page="process-settings.md")
+
+
+def section_title(r: dict) -> str:
+    """One section per NFE, variant set and number of rounds."""
+    return f"{TITLE}, NFE {r['nfe']}: {', '.join(r['variants'])}, {r['rounds']} rounds"
 
 
 def main() -> None:

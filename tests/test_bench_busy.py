@@ -56,7 +56,7 @@ def test_report_writes_one_section_on_the_process_settings_page(monkeypatch):
     monkeypatch.setattr(benchlib, "write_section", lambda title, body, page: written.update({title: (body, page)}))
     r = {**_result(), "command": "python benchmarks/bench_busy.py --rounds 2 --write", "environment": None}
     bb.write_markdown(r)
-    body, page = written[f"{bb.TITLE}, NFE 16"]
+    body, page = written["The library on a busy machine, NFE 16: openmp-default, configure-process, 2 rounds"]
     assert page == "process-settings.md"
     assert body.startswith("Command: `python benchmarks/bench_busy.py --rounds 2 --write`. 4 neighbour processes")
     assert "| openmp-default | 2 | SDE NFE 16, library | 1.500 | 18.000 | **12.00x** (12.00–12.00) |" in body
