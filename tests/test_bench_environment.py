@@ -74,7 +74,8 @@ def test_every_benchmark_script_goes_through_parse_args():
         if path.name == "bench_threads.py":  # its children set the threads; the parent records the environment
             assert "bench_environment()" in text and "finish_record" in text
             continue
-        if path.name == "bench_allocator.py":  # its children measure before torch loads; the parent records the run
+        # their children measure before torch loads; the parent records the run
+        if path.name in ("bench_allocator.py", "bench_busy.py"):
             assert "parse_args(ap)" in text and "run_environment()" in text and "ap.parse_args()" in text
             continue
         if path.stem in SUBCOMMANDS:  # benchlib.run_subcommands: parse_args over the subcommands' parsers

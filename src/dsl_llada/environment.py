@@ -23,14 +23,13 @@ from typing import Any
 
 import torch
 
-from . import __version__, allocator, openmp
+from . import allocator, openmp
+from .openmp import MAX_THREADS, check_threads
+from .version import __version__
 
 __all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
            "finish_record", "git_state",
            "has_native_bf16", "load_average", "set_threads", "usable_cpus"]
-
-MAX_THREADS = 1024
-"""Upper bound of `--threads` (more intra-op threads than this is a typo, not a machine)."""
 
 _LIBRARIES = ("torch", "transformers", "numpy", "accelerate", "safetensors", "tokenizers")
 
@@ -104,8 +103,7 @@ def set_threads(n: int | None = None) -> int:
     but an integer in 1..MAX_THREADS; warns (stderr) above `usable_cpus()`."""
     if n is None:
         n = default_threads()
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got {n!r}")
+    check_threads(n)
     cpus = usable_cpus()
     if n > cpus:
         import sys

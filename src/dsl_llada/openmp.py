@@ -14,6 +14,10 @@ import re
 import sys
 from collections.abc import MutableMapping
 
+MAX_THREADS = 1024
+"""Upper bound of an intra-op thread count (`--threads`, `configure_process(threads=...)`): more than this is a typo,
+not a machine."""
+
 SPIN_COUNT = 1000
 """GNU OpenMP's `GOMP_SPINCOUNT`: busy-wait iterations before a waiting thread sleeps (the Linux torch wheels use
 GNU OpenMP). Its own default is 300,000 when no wait policy is set, which made two threads 5.6x slower than one
@@ -41,6 +45,12 @@ runtime, which then falls back to its own default (for GNU OpenMP: a 300,000-ite
 ignored: dict[str, str] = {}
 """The user's settings `set_wait_defaults` found invalid and removed in this process (name: value as given);
 recorded in every environment record beside the values in effect."""
+
+
+def check_threads(n: object) -> None:
+    """Raise ValueError naming `n` unless it is an integer from 1 to `MAX_THREADS` (a bool is not a count)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got {n!r}")
 
 
 def accepts(name: str, value: str) -> bool:
