@@ -458,6 +458,22 @@ def serve_probe(r: Results) -> str:
     return md(["server", "short alone", "short, sent beside the long one", "long", "short / long"], rows)
 
 
+# ------------------------------------------------------------------------------------------- bench_busy.py
+
+_BUSY_SAMPLERS = ("sde", "authors_sde", "remask", "authors_remask")
+
+
+def busy_rounds(r: Results) -> str:
+    """`bench_busy.py --json`: per process-settings variant and sampler, idle and loaded medians and their ratio."""
+    label = {"sde": f"SDE NFE {r['nfe']}, library", "authors_sde": f"SDE NFE {r['nfe']}, restatement",
+             "remask": f"remasking {r['nfe']} steps, library",
+             "authors_remask": f"remasking {r['nfe']} steps, restatement"}
+    rows = [[v, str(r["children"][v]["threads"]), label[s], f"{e['idle_median_s']:.3f}", f"{e['loaded_median_s']:.3f}",
+             f"**{e['ratio']:.2f}x** ({min(e['ratio_rounds']):.2f}–{max(e['ratio_rounds']):.2f})"]
+            for v in r["variants"] for s in _BUSY_SAMPLERS for e in (r["table"][v][s],)]
+    return md(["variant", "threads", "sampler", "idle s, median", "loaded s, median", "loaded / idle (range)"], rows)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 
 TABLES = {t.name: t for t in (
@@ -499,6 +515,9 @@ TABLES = {t.name: t for t in (
     PageTable("threads-toy-idle", "process-settings.md", ("threads_toy_idle.json",), threads),
     PageTable("threads-toy-busy", "process-settings.md", ("threads_toy_busy.json",), threads),
     PageTable("allocator", "process-settings.md", ("allocator.json",), allocator),
+    PageTable("busy-nfe16", "process-settings.md", ("busy_nfe16.json",), busy_rounds),
+    PageTable("busy-nfe16-r5", "process-settings.md", ("busy_nfe16_r5.json",), busy_rounds),
+    PageTable("busy-nfe4", "process-settings.md", ("busy_nfe4_default.json",), busy_rounds),
     # serving.md
     PageTable("serve-h200-d64", "serving.md", ("serve_h200_d64.json",), serve_rounds),
     PageTable("serve-h200-d512", "serving.md", ("serve_h200_d512.json",), serve_rounds),
@@ -539,6 +558,9 @@ NOT_GENERATED = (
                  "benchmark result"),
     NotGenerated("process-settings.md", "OpenMP waiting: what the CLI sets (2026-11-27)",
                  "six runs of `bench_percall.py parts --rounds 1` printed without --json"),
+    NotGenerated("process-settings.md", "The library on a busy machine (2026-11-29)",
+                 "the cause table is one exploratory run (one process per setting, printed, no results file); the "
+                 "summary table restates the three `bench_busy.py` tables below, which are generated"),
     NotGenerated("process-settings.md", "Passive OpenMP waiting on an idle machine (toy)",
                  f"`bench_threads.py` {_NO_JSON}"),
     NotGenerated("process-settings.md", "Thread default under contention (toy)",

@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 37 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 40 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md"}
 
 
@@ -114,11 +114,11 @@ def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_pat
             "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
     assert "FAIL: 1 problem(s)" in out
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 1 of 37 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert "wrote 1 of 40 page table(s) that differed: gpu-batched" in capsys.readouterr().out
     assert page.read_text() == original
     assert D.main(["--check-pages", "--docs", str(docs)]) == 0
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 0 of 37" in capsys.readouterr().out
+    assert "wrote 0 of 40" in capsys.readouterr().out
 
 
 def test_a_changed_result_shows_on_its_page(tmp_path):
@@ -173,5 +173,5 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 19
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 20
     assert all(n.reason for n in P.NOT_GENERATED)
