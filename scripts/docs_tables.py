@@ -167,7 +167,7 @@ def check_table(table: Table) -> list[str]:
 
 
 def write_table(table: Table) -> None:
-    from dsl_llada.utils import atomic_write_text
+    from dsl_llada.atomic import atomic_write_text
 
     text, _ = table.make()
     block = f"<!-- docs-table: {table.name} -->\n{text.strip()}\n<!-- /docs-table -->"

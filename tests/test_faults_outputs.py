@@ -22,7 +22,8 @@ import dsl_llada.checkpoint as checkpoint_mod
 from dsl_llada.cli import main
 from dsl_llada.model import DSLModel
 from dsl_llada.outputs import OutputError, is_own_artifact, prepare_output_dir
-from dsl_llada.utils import atomic_write_text, save_figure
+from dsl_llada.atomic import atomic_write_text
+from dsl_llada.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 

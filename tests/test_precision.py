@@ -14,7 +14,7 @@ from dsl_llada.cli import build_parser, main
 from dsl_llada.config import SDEConfig
 from dsl_llada.converter import posterior_mean
 from dsl_llada.model import DSLModel, cast_for_inference
-from dsl_llada.model_source import model_source_from_args
+from dsl_llada.cli_config import model_source_from_args
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.denoiser import Denoiser
 from helpers import perturb_converter, tiny_dsl, toy_backbone_folder

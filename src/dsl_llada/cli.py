@@ -18,7 +18,7 @@ set_wait_defaults(os.environ)
 keep_large_buffers(os.environ)
 
 from . import __version__  # noqa: E402
-from .utils import run_cli_command  # noqa: E402
+from .cli_errors import run_cli_command  # noqa: E402
 
 if TYPE_CHECKING:
     from .config import DSLConfig
@@ -69,7 +69,7 @@ def _sampler_config(a: argparse.Namespace) -> SamplerConfig:
 def cmd_generate(a: argparse.Namespace) -> int:
     """Parse the flags into GenerateSettings and run the library's `run_generate`."""
     from .generate_command import GenerateSettings, run_generate
-    from .model_source import model_source_from_args
+    from .cli_config import model_source_from_args
 
     settings = GenerateSettings(
         source=model_source_from_args(a), config=_sampler_config(a), prompts=tuple(a.prompt or ()),
@@ -146,8 +146,8 @@ def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = C
 
 def _add_generate_parser(sub: Any) -> None:
     """`generate`: the model flags (ModelSource), prompts, output and the sampler flags."""
+    from .cli_config import add_model_source_args
     from .generate_command import BATCHING
-    from .model_source import add_model_source_args
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
     add_model_source_args(g)

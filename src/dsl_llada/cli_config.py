@@ -19,7 +19,10 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-__all__ = ["add_config_args", "config_from_args", "field_docs", "flag_name", "given_config_fields", "given_fields"]
+from .model_source import MODEL_FLAGS, ModelSource
+
+__all__ = ["add_config_args", "add_model_source_args", "config_from_args", "field_docs", "flag_name", "given_config_fields",
+           "given_fields", "model_source_from_args"]
 
 
 @functools.cache
@@ -145,3 +148,21 @@ def config_from_args(cls: type, args: argparse.Namespace, *, others: Sequence[ty
     """`cls(**given flags, **fixed)`; the config's own defaults fill the rest and its __post_init__ validates.
     others: as `given_config_fields`."""
     return cls(**{**given_config_fields(cls, args, others=others), **fixed})
+
+
+def add_model_source_args(parser: argparse.ArgumentParser, *, required: bool = True, path_help: str | None = None,
+                          aliases: dict[str, str] | None = None) -> None:
+    """One flag per ModelSource field, generated from the dataclass (`add_config_args`), in a 'model'
+    argument group: `--model`, `--tokenizer`, `--device`, `--dtype`, `--quantize`, `--assume-released`,
+    `--allow-download`. `--threads` is the shared flag of every computing command (`cli.add_threads_args`).
+    `required`: `--model` must be given (else it may be left out: the command has a default model). `aliases`: a
+    second spelling of a field's flag that a command kept from before (e.g. lm-eval's `--model-dir`)."""
+    group = parser.add_argument_group("model", "the model to open (the same flags on every command that loads one)")
+    add_config_args(group, (ModelSource, "model"), exclude=("threads",), flags=MODEL_FLAGS,
+                    required=("path",) if required else (), helps={"path": path_help} if path_help else None,
+                    metavars={"path": "FOLDER", "tokenizer": "FOLDER", "device": "DEVICE"}, aliases=aliases)
+
+
+def model_source_from_args(args: argparse.Namespace) -> ModelSource:
+    """The ModelSource of a parsed command line (its flags from `add_model_source_args`, `--threads` if any)."""
+    return ModelSource(**{**given_fields(ModelSource, args), "threads": getattr(args, "threads", None)})

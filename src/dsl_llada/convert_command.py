@@ -67,7 +67,7 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
     from .locks import output_lock
     from .model import DSLModel
     from .outputs import prepare_output_dir
-    from .utils import remove_stale_temp_folders
+    from .atomic import remove_stale_temp_folders
 
     with output_lock(output, what="output folder"):  # one writer per output, before anything is written
         # a symbolic link to a folder is judged and written as the folder it names (the link itself is kept)

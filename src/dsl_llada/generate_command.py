@@ -25,7 +25,7 @@ from .loading import ModelHandle, check_prompt_chars, check_prompt_lengths, chec
 from .model_source import ModelSource
 from .records import RecordFile
 from .sampling.dispatch import SamplerConfig
-from .utils import Terminated, terminate_raises
+from .termination import Terminated, terminate_raises
 
 __all__ = ["BATCHING", "GenerateSettings", "print_record", "run_generate"]
 

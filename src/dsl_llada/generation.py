@@ -21,7 +21,7 @@ from .sampling.batches import RowResult, engine_runs, run_batches, run_continuou
 from .sampling.common import PromptBatch, SampleOutput, StepCallback
 from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
 from .sampling.guards import NonFiniteLogitsError
-from .utils import atomic_write_text
+from .atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

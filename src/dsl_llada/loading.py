@@ -24,7 +24,7 @@ from .checkpoint import checkpoint_files
 from .environment import has_native_bf16
 from .model import DSL_PREFIXES, DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
-from .utils import not_text
+from .text import not_text
 
 __all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
            "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",

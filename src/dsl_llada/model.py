@@ -25,7 +25,7 @@ from .config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
 from .numerics import Workspace
 from .errors import CheckpointError
-from .utils import atomic_directory
+from .atomic import atomic_directory
 
 DSL_CONFIG_NAME = "dsl_config.json"
 DSL_PREFIXES = ("noise_embed.", "converter.", "log_snr_max")

@@ -1,7 +1,7 @@
 """Where a model comes from and how it is opened: one settings dataclass, `ModelSource`, that every entry point
 shares (`generate`, `serve`, `ui`, an evaluation's `models` entries, `lm-eval`'s model_args and the library), so
 each offers the same options under the same names. Its command-line flags are generated from its fields
-(`add_model_source_args`); `loading.open_model(source)` turns it into a loaded model handle.
+(`cli_config.add_model_source_args`); `loading.open_model(source)` turns it into a loaded model handle.
 
     dsl-llada generate --model CKPT --assume-released ...     # a flag
     models: [{name: m, path: CKPT, assume_released: true}]     # an evaluation config entry
@@ -11,14 +11,13 @@ each offers the same options under the same names. Its command-line flags are ge
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from .config import ConfigBase, _check
 from .environment import MAX_THREADS
 
-__all__ = ["DTYPE_NAMES", "MODEL_FLAGS", "ModelSource", "add_model_source_args", "model_source_from_args"]
+__all__ = ["DTYPE_NAMES", "MODEL_FLAGS", "ModelSource"]
 
 DTypeName = Literal["auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
@@ -70,26 +69,3 @@ class ModelSource(ConfigBase):
 
 MODEL_FLAGS = {"path": "--model"}
 """Fields whose flag is not their own name (the model folder is `--model` on every command)."""
-
-
-def add_model_source_args(parser: argparse.ArgumentParser, *, required: bool = True, path_help: str | None = None,
-                          aliases: dict[str, str] | None = None) -> None:
-    """One flag per ModelSource field, generated from the dataclass (`cli_config.add_config_args`), in a 'model'
-    argument group: `--model`, `--tokenizer`, `--device`, `--dtype`, `--quantize`, `--assume-released`,
-    `--allow-download`. `--threads` is the shared flag of every computing command (`cli.add_threads_args`).
-    `required`: `--model` must be given (else it may be left out: the command has a default model). `aliases`: a
-    second spelling of a field's flag that a command kept from before (e.g. lm-eval's `--model-dir`)."""
-    from .cli_config import add_config_args
-
-    group = parser.add_argument_group("model", "the model to open (the same flags on every command that loads one)")
-    add_config_args(group, (ModelSource, "model"), exclude=("threads",), flags=MODEL_FLAGS,
-                    required=("path",) if required else (), helps={"path": path_help} if path_help else None,
-                    metavars={"path": "FOLDER", "tokenizer": "FOLDER", "device": "DEVICE"}, aliases=aliases)
-
-
-def model_source_from_args(args: argparse.Namespace) -> ModelSource:
-    """The ModelSource of a parsed command line (its flags from `add_model_source_args`, `--threads` if any)."""
-    from .cli_config import given_fields
-
-    return ModelSource(**{**given_fields(ModelSource, args), "threads": getattr(args, "threads", None)})
-

@@ -21,7 +21,7 @@ The rules (each refusal is an `OutputError`, a ValueError, so the CLI prints one
 6. the destination must be writable: a temp file is created and removed in the folder (or its nearest existing
    ancestor), so `/proc/x` or a read-only mount fails here, not after an hour of work.
 
-Nothing here deletes anything: replacing an accepted folder is the writer's job (`utils.atomic_directory`, which
+Nothing here deletes anything: replacing an accepted folder is the writer's job (`atomic.atomic_directory`, which
 itself refuses to replace a folder `is_own_artifact(path, "model")` does not recognise).
 
 Kinds are registered with `register_kind(name, marker=..., allowed=...)`: `marker(folder) -> bool` says "this is

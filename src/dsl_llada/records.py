@@ -37,7 +37,7 @@ from typing import Any
 from . import jsonl_log
 from .locks import flock_or_refuse
 from .outputs import OutputError, check_writable
-from .utils import atomic_write_text
+from .atomic import atomic_write_text
 
 __all__ = ["RecordFile", "settings_diff"]
 

@@ -33,7 +33,7 @@ import torch
 from . import metrics as M
 from .fix_clean import _encode, special_ids
 from ..backbones.base import model_device as _device
-from ..utils import save_figure
+from ..figures import save_figure
 
 __all__ = ["calibration_summary", "context_robustness_records", "context_robustness_summary",
            "converter_phase_table", "mask_calibration_records", "reliability_diagram"]

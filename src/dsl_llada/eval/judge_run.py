@@ -20,7 +20,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .. import jsonl_log
-from ..utils import atomic_write_text
+from ..atomic import atomic_write_text
 from .judge import JudgeConfig, Pair, RunSamples, aggregate, build_messages, judgment_record, pair_samples, render_summary
 from .judge_backends import JudgeBackend, JudgeBackendError
 

@@ -107,7 +107,7 @@ def run_lm_eval(settings: LmEvalSettings) -> int:
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
     from ..loading import resolve_source
-    from ..utils import atomic_write_text
+    from ..atomic import atomic_write_text
     from .lmeval import DSLLadaLM
 
     source = resolve_source(s.source)

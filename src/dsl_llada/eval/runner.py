@@ -33,8 +33,8 @@ from .. import __version__
 from ..config import ConfigError
 from ..outputs import resolve_output
 from ..sampling.batches import retry_rows
-from ..utils import atomic_write_text
-from ..utils import progress as progress_bar
+from ..atomic import atomic_write_text
+from ..progress import progress as progress_bar
 from . import shards as R
 from .eval_config import EvalConfig, MethodSpec, config_diff
 from .samples import Sample

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonl_log
-from ..utils import atomic_write_text
+from ..atomic import atomic_write_text
 
 MARKER = "eval_run.json"
 FORMAT = "dsl-llada-eval-run/1"

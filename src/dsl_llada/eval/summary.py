@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import __version__
 from ..environment import environment_footer
-from ..utils import atomic_write_text
+from ..atomic import atomic_write_text
 from . import shards as R
 from .eval_config import EvalConfig
 from .report import seed_spread_markdown

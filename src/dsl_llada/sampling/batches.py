@@ -41,7 +41,7 @@ import torch
 from ..backbones.base import Backbone, context_limit, model_device
 from ..loading import check_prompt_lengths
 from ..model import DSLModel
-from ..utils import progress as progress_bar
+from ..progress import progress as progress_bar
 from .common import PromptBatch, SampleOutput
 from .dispatch import SamplerConfig, sample
 from .engine import Engine, EngineResult

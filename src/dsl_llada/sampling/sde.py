@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..model import DSLModel
 from ..numerics import denormals_flushed_during
 from ..snr import snr_schedule
-from ..utils import progress as progress_bar
+from ..progress import progress as progress_bar
 from .common import (LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
 from .denoiser import Denoiser

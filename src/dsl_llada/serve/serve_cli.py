@@ -34,7 +34,7 @@ TOY_MODEL_HELP = ("checkpoint folder (a DSL checkpoint or a bare backbone); defa
 
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) -> None:
     """The model flags (ModelSource's), the address and the port."""
-    from ..model_source import add_model_source_args
+    from ..cli_config import add_model_source_args
 
     add_model_source_args(p, required=required, path_help=None if required else TOY_MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
@@ -126,7 +126,7 @@ LIMIT_FLAGS = ("max_nfe", "max_steps", "max_tokens", "max_prompt_tokens", "max_b
 def serve_settings(a: argparse.Namespace) -> ServeSettings:
     """The ServeSettings of `serve`'s parsed flags (the API key read from --api-key-file here, where it enters)."""
     from ..cli_config import config_from_args
-    from ..model_source import model_source_from_args
+    from ..cli_config import model_source_from_args
     from .server import ServeSettings
     from .settings import ServerConfig
 
@@ -165,7 +165,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def cmd_ui(a: argparse.Namespace) -> int:
-    from ..model_source import model_source_from_args
+    from ..cli_config import model_source_from_args
     from .server import UISettings, run_ui
 
     return run_ui(UISettings(source=model_source_from_args(a), host=a.host, port=a.port, toy_dir=a.toy_dir))

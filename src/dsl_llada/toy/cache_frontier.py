@@ -37,7 +37,7 @@ from ..config import CACHE_MODES, MAX_NFE, CacheMode, ConfigBase, ConfigError, R
 from ..loading import DTYPES
 from ..backbones.base import Backbone
 from ..model import DSLModel, cast_for_inference
-from ..utils import progress as progress_bar
+from ..progress import progress as progress_bar
 from ..environment import load_average
 from ..fingerprints import sampling_key
 from ..stats import bootstrap_ratio

@@ -32,8 +32,8 @@ from ..loading import DTYPES, open_model
 from ..model_source import ModelSource
 from ..eval.report import plot_nfe_curves
 from ..model import DSLModel, cast_for_inference
-from ..utils import atomic_write_text
-from ..utils import progress as progress_bar
+from ..atomic import atomic_write_text
+from ..progress import progress as progress_bar
 from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, Reuse, aggregate, error_correction, \
     sample_records, score_record
 from .cache_frontier import FrontierConfig, run_frontier

@@ -70,7 +70,7 @@ def run_demo(settings: DemoSettings) -> int:
     from ..loading import auto_dtype
     from ..locks import output_lock
     from ..outputs import prepare_output_dir
-    from ..utils import terminate_raises
+    from ..termination import terminate_raises
 
     s = settings
     dtype = str(auto_dtype("cpu")).removeprefix("torch.") if s.dtype == "auto" else s.dtype

@@ -16,7 +16,7 @@ from ..model import DSLModel
 from ..numerics import deterministic_algorithms
 from ..train.objectives import check_finite, get_objective
 from ..train.optim import group_parameters
-from ..utils import progress as progress_bar
+from ..progress import progress as progress_bar
 from .tasks import TaskExample, make_split, render_sft_example
 from .world import ToyWorld
 

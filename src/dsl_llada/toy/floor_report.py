@@ -63,7 +63,7 @@ def plot_excess(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..utils import save_figure
+    from ..figures import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, kind, xlabel in ((axes[0], "dsl", "SNR γ (per sequence)"), (axes[1], "mdm", "mask rate")):

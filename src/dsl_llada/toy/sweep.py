@@ -29,8 +29,9 @@ from ..eval.report import markdown_table
 from ..model import DSLModel
 from ..sampling.sde import inference_beta
 from .. import jsonl_log
-from ..utils import atomic_write_text, save_figure
-from ..utils import progress as progress_bar
+from ..atomic import atomic_write_text
+from ..figures import save_figure
+from ..progress import progress as progress_bar
 from .evaluate import aggregate, sample_records, score_record
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from ..backbones.base import Backbone
 from ..environment import environment_record, finish_record
 from ..errors import CheckpointError
 from ..model import DSLModel
-from ..utils import atomic_write_text
+from ..atomic import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
 

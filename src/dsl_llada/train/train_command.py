@@ -48,7 +48,7 @@ def run_train(settings: TrainSettings) -> int:
 
     from ..locks import output_lock
     from ..outputs import prepare_output_dir
-    from ..utils import Terminated, terminate_raises
+    from ..termination import Terminated, terminate_raises
     from .trainer import TrainingDiverged, train
 
     config = settings.config

@@ -29,7 +29,7 @@ from torch import nn
 from ..backbones.base import Backbone
 from ..config import ConfigError
 from ..model import DSLModel
-from ..utils import atomic_write_text
+from ..atomic import atomic_write_text
 from . import checkpointing as ckpt
 from . import monitor
 from .backends import Backend, make_backend

@@ -1,19 +1,17 @@
-"""Small shared helpers: atomic file writes with ordinary permissions, logging setup, progress bars, CLI errors."""
+"""Atomic writes with ordinary permissions: a file or a model folder appears whole or not at all (temp file or
+folder next to the target, renamed onto it), and the temp folders a killed writer leaves behind."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-logger = logging.getLogger("dsl_llada")
+from .termination import terminate_raises
 
 
 def current_umask() -> int:
@@ -67,19 +65,6 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
-    """Save a matplotlib figure as PNG atomically (temp file, rename; the umask's mode) and close it."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    try:
-        with atomic_file(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format="png")
-    finally:
-        plt.close(fig)
-    return path
-
-
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` via a temp file in the same folder (fsynced) and an atomic rename; mode from umask."""
     path = Path(path)
@@ -92,33 +77,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` (UTF-8) to `path` via a temp file in the same folder and an atomic rename; mode from umask."""
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while an atomic write was in progress (see `terminate_raises`); exit code 143."""
-
-
-@contextlib.contextmanager
-def terminate_raises() -> Iterator[None]:
-    """Inside the block, SIGTERM raises `Terminated` in the main thread (so the `finally`/`except` clauses of the
-    atomic writers remove their temp files) instead of ending the process on the spot. Only where SIGTERM has its
-    default action (a server's own handler is left alone) and only in the main thread; a no-op elsewhere."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -202,65 +160,3 @@ def remove_stale_temp_folders(path: str | Path) -> tuple[list[Path], list[Path]]
     return removed, kept
 
 
-def not_text(text: str) -> str | None:
-    """Why `text` cannot be encoded as UTF-8 (it holds a lone surrogate), or None. A surrogate U+DC80..U+DCFF is
-    how Python spells an invalid byte of the command line."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(text[e.start])
-        origin = (f"the invalid UTF-8 byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF
-                  else f"a \\u{code:04x} escape")
-        return (f"character {e.start} is the lone surrogate U+{code:04X} ({origin}), which is not text; "
-                f"give the prompt as UTF-8 text")
-    return None
-
-
-def progress(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "", enabled: bool = True,
-             leave: bool = False) -> Iterable[Any]:
-    """A tqdm progress bar that can be silenced (returns the bare iterable when disabled)."""
-    if not enabled:
-        return iterable if iterable is not None else range(total or 0)
-    from tqdm.auto import tqdm
-
-    bar: Iterable[Any] = tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True)
-    return bar
-
-
-_DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-                errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted",
-                errno.EISDIR: "is a folder", errno.ENOTDIR: "a parent is not a folder",
-                errno.EFBIG: "file size limit exceeded (ulimit -f)"}
-
-
-def describe_os_error(e: OSError) -> str:
-    """One line for an OSError from writing or reading a file: what happened, to which file, what to do."""
-    where = f" {e.filename!r}" if e.filename else ""
-    what = _DISK_ERRORS.get(e.errno or -1, e.strerror or str(e))
-    full = "free some space or choose another output location (partial files were removed)"
-    fix = {errno.ENOSPC: full, errno.EDQUOT: full,
-           errno.EFBIG: "raise the file size limit or choose another output location (partial files were removed)"}.get(
-        e.errno or -1, "check the path and its permissions")
-    return f"{what}:{where}; {fix}"
-
-
-def run_cli_command(func: Callable[[Any], int | None], args: Any, *, interrupted: str) -> int:
-    """Run a CLI subcommand: bad input or an unusable file/disk becomes one `error: ...` line and exit code 2,
-    Ctrl-C exit code 130, SIGTERM during an atomic write (`Terminated`) exit code 143."""
-    import sys
-
-    try:
-        return int(func(args) or 0)
-    except Terminated:
-        print("error: terminated (SIGTERM); the output being written was removed, finished ones are kept",
-              file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(interrupted, file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {describe_os_error(e)}", file=sys.stderr)
-        return 2
