@@ -32,7 +32,7 @@ VARIANTS = ("glibc default", "kept")
 def child(kept: bool, batches: list[int], threads: int) -> dict:
     """One process's measurement (kept: the CLI's setting, made before torch is imported)."""
     sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
-    from dsl_llada import allocator
+    from dsl_llada.runtime import allocator
 
     if kept:
         allocator.keep_large_buffers({})
@@ -42,7 +42,7 @@ def child(kept: bool, batches: list[int], threads: int) -> dict:
     from benchlib import llada_shaped, random_prompts
 
     from dsl_llada.config import RemaskConfig, SDEConfig
-    from dsl_llada.environment import set_threads
+    from dsl_llada.runtime.environment import set_threads
     from dsl_llada.sampling.remask import sample_remask
     from dsl_llada.sampling.sde import sample_sde
 
@@ -70,7 +70,7 @@ def child(kept: bool, batches: list[int], threads: int) -> dict:
 
 
 def run_child(variant: str, a: argparse.Namespace) -> dict:
-    from dsl_llada.allocator import USER_VARIABLES
+    from dsl_llada.runtime.allocator import USER_VARIABLES
 
     env = {k: v for k, v in os.environ.items() if k not in USER_VARIABLES}
     cmd = [sys.executable, __file__, "--child", variant, "--threads", str(a.threads), "--batches",
@@ -140,7 +140,7 @@ def summary(result: dict) -> dict:
 def write_markdown(result: dict) -> None:
     from benchlib import write_section
 
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
 
     s = summary(result)
     lines = [f"Command: `{result['command']} --write`. Each variant in a fresh process, the two alternating for "

@@ -72,8 +72,8 @@ def child(variant: str, threads: int | None, nfe: int) -> None:
     from benchlib import llada_shaped, random_prompts
 
     from dsl_llada.config import RemaskConfig, SDEConfig
-    from dsl_llada.environment import set_threads
-    from dsl_llada.openmp import VARIABLES
+    from dsl_llada.runtime.environment import set_threads
+    from dsl_llada.runtime.openmp import VARIABLES
     from dsl_llada.sampling.remask import sample_remask
     from dsl_llada.sampling.sde import sample_sde
 
@@ -115,7 +115,7 @@ class Child:
     """One variant's process, kept between phases."""
 
     def __init__(self, variant: str, threads: int, nfe: int) -> None:
-        from dsl_llada.openmp import VARIABLES
+        from dsl_llada.runtime.openmp import VARIABLES
 
         env = {k: v for k, v in os.environ.items() if k not in (*VARIABLES, "OMP_NUM_THREADS")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
@@ -159,7 +159,7 @@ def stop_neighbours(hogs: list[subprocess.Popen]) -> None:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from dsl_llada.environment import load_average, usable_cpus
+    from dsl_llada.runtime.environment import load_average, usable_cpus
 
     neighbours = a.neighbours if a.neighbours is not None else 2 * usable_cpus()
     threads = a.threads if a.threads is not None else usable_cpus()
@@ -216,7 +216,7 @@ def summarise(result: dict) -> dict:
 
 def write_markdown(r: dict) -> None:
     from benchlib import write_section
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
 
     label = {"sde": f"SDE NFE {r['nfe']}, library", "authors_sde": f"SDE NFE {r['nfe']}, restatement",
              "remask": f"remasking {r['nfe']} steps, library", "authors_remask": f"remasking {r['nfe']} steps, restatement"}

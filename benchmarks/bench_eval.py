@@ -32,10 +32,10 @@ DATA = ROOT / "configs" / "eval" / "toy-data" / "toy_open.jsonl"
 
 
 def build(root: Path) -> dict[str, Path]:
-    from dsl_llada.backbones import save_backbone
-    from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+    from dsl_llada.core.backbones import save_backbone
+    from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
     from dsl_llada.config import ConverterConfig, DSLConfig
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
     from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 
     world = ToyWorld(ToyWorldConfig(seed=0, n_topics=4, max_sentences=3, gen_length=32))

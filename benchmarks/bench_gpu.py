@@ -34,12 +34,12 @@ from types import SimpleNamespace
 import torch
 from benchlib import PRESETS, block_flops_per_token, call_flops, clock, parse_args, run_environment, sync
 
-from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.core.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
-from dsl_llada.environment import environment_footer
-from dsl_llada.loading import check_device, resolve_dtype
-from dsl_llada.model import DSLModel
-from dsl_llada.numerics import flush_denormals
+from dsl_llada.runtime.environment import environment_footer
+from dsl_llada.core.loading import check_device, resolve_dtype
+from dsl_llada.core.model import DSLModel
+from dsl_llada.core.numerics import flush_denormals
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.denoiser import Denoiser
 from dsl_llada.sampling.remask import sample_remask
@@ -272,7 +272,7 @@ class Run:
 def quantized(model: DSLModel, a, device: str, dtype: torch.dtype, run: Run) -> dict:
     """int8 weight-only backbone (`quantize_backbone`): weight memory before/after, SDE call time at batch 1 and 8,
     identical tokens of one seeded NFE-16 sample against the unquantized model's."""
-    from dsl_llada.quantize import quantize_backbone
+    from dsl_llada.core.quantize import quantize_backbone
 
     pb = prompts(model, 1, a.prompt, device)
     cfg = SDEConfig(nfe=NFE, gen_length=a.response)
@@ -499,7 +499,7 @@ def main() -> int:
         if a.quantize == "int8":
             with run.part("int8 weight-only backbone"):
                 try:
-                    import dsl_llada.quantize as q
+                    import dsl_llada.core.quantize as q
 
                     q._int8_config()
                 except q.QuantizationUnavailable as e:

@@ -38,7 +38,7 @@ def child(shape: str, threads: int | None, reps: int) -> dict:
 
     from benchlib import llada_shaped, random_prompts
     from dsl_llada.config import SDEConfig
-    from dsl_llada.environment import set_threads
+    from dsl_llada.runtime.environment import set_threads
     from dsl_llada.sampling import sample_sde
 
     n = set_threads(threads)
@@ -76,7 +76,7 @@ PASSIVE = "default, OMP_WAIT_POLICY=PASSIVE"
 
 def run_variant(name: str, shape: str, reps: int) -> dict:
     threads, extra = VARIANTS[name]
-    from dsl_llada.openmp import VARIABLES
+    from dsl_llada.runtime.openmp import VARIABLES
 
     env = {k: v for k, v in os.environ.items() if k not in (*VARIABLES, "OMP_NUM_THREADS")}
     env.update(extra)
@@ -119,7 +119,7 @@ def main() -> None:
 def measure(a: argparse.Namespace) -> dict:
     """Every variant once per round, each in a fresh process, with `a.neighbours` CPU-bound processes running."""
     from benchlib import bench_environment, med_spread
-    from dsl_llada.environment import finish_record
+    from dsl_llada.runtime.environment import finish_record
 
     env = bench_environment()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.neighbours)]

@@ -240,7 +240,7 @@ def recommended(a) -> None:
 
 
 def write_recommended(r: dict, command: str) -> None:
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
 
     rows = ["| variant (SDE NFE %d) | s per sample, median (min–max) | authors fp32 b1 / this (range) | "
             "authors bf16 b1 / this (range) |" % r["nfe"], "|---|---|---|---|"]

@@ -40,7 +40,7 @@ from bench_gpu import build
 from benchlib import ROOT, clock, parse_args, write_json
 
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.sde import sample_sde

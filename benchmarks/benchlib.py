@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling.common import PromptBatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,7 +211,7 @@ def blocks_and_head_times(model: DSLModel, ids: torch.Tensor, z: torch.Tensor, b
     hidden = torch.randn(1, T - prompt, bb.cfg.d_model)
     ln_f, head_w = bb.model.transformer.ln_f, bb.model.transformer.ff_out.weight
     try:  # the head as the backbone runs it (a tree from before `head_linear` existed: one F.linear)
-        from dsl_llada.backbones.base import head_linear
+        from dsl_llada.core.backbones.base import head_linear
     except ImportError:
         head_linear = F.linear
     t_head = median_time(lambda: head_linear(ln_f(hidden), head_w), reps)
@@ -245,7 +245,7 @@ def add_threads_arg(ap, default: int | None = None) -> None:
 def bench_environment(threads: int | None = None, *, device: str | None = None, dtype=None, seeds=None) -> dict:
     """Set the intra-op threads (`--threads`; None = the CPUs this process may use) and return the environment
     record every benchmark result carries (call `finish_record` on it when the timings are done)."""
-    from dsl_llada.environment import environment_record, set_threads
+    from dsl_llada.runtime.environment import environment_record, set_threads
 
     set_threads(threads)
     return environment_record(device=device, dtype=dtype, seeds=seeds)
@@ -345,14 +345,14 @@ def demo_checkpoints(demo, train, demo_dir: str | Path) -> tuple:
 
 def run_environment() -> dict:
     """This run's environment record with the end load average (captured now if `parse_args` was not used)."""
-    from dsl_llada.environment import environment_record, finish_record
+    from dsl_llada.runtime.environment import environment_record, finish_record
 
     return finish_record(_RUN_ENV if _RUN_ENV is not None else environment_record())
 
 
 def environment_note() -> str:
     """The line every written benchmark section ends with: the environment record of the run that made it."""
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
 
     return environment_footer(run_environment()) + " (machine shared with other jobs unless stated)"
 

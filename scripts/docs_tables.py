@@ -67,7 +67,7 @@ _COLUMNS = [("ppl", "PPL", ".2f"), ("in_support", "in-support %", ".1f"), ("len"
 
 def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, env: dict[str, Any]
             ) -> tuple[str, dict[tuple[str, str], float]]:
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
     from dsl_llada.eval.report import markdown_table
 
     values = {(str(r[label]), h): float(r[k]) for r in rows for k, h, _ in _COLUMNS if r.get(k) is not None}
@@ -78,7 +78,7 @@ def _render(rows: list[dict[str, Any]], label: str, intro: str, command: str, en
 
 def make_toy_reference() -> tuple[str, dict[tuple[str, str], float]]:
     """The world's own samples for the quick demo's held-out prompts, scored exactly (no model: seconds)."""
-    from dsl_llada.environment import environment_record, finish_record
+    from dsl_llada.runtime.environment import environment_record, finish_record
     from dsl_llada.toy.evaluate import aggregate, score_record
 
     env = environment_record(device="cpu", seeds={"world": 0})
@@ -97,8 +97,8 @@ def make_toy_untrained() -> tuple[str, dict[tuple[str, str], float]]:
     import torch
 
     from dsl_llada.config import ConverterConfig, DSLConfig
-    from dsl_llada.environment import environment_record, finish_record
-    from dsl_llada.model import DSLModel
+    from dsl_llada.runtime.environment import environment_record, finish_record
+    from dsl_llada.core.model import DSLModel
     from dsl_llada.toy.evaluate import Method, aggregate, sample_records
 
     env = environment_record(device="cpu", dtype=torch.float32, seeds={"init": 0, "sampling": 0})
@@ -167,7 +167,7 @@ def check_table(table: Table) -> list[str]:
 
 
 def write_table(table: Table) -> None:
-    from dsl_llada.atomic import atomic_write_text
+    from dsl_llada.artifacts.atomic import atomic_write_text
 
     text, _ = table.make()
     block = f"<!-- docs-table: {table.name} -->\n{text.strip()}\n<!-- /docs-table -->"

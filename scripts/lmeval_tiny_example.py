@@ -39,8 +39,8 @@ def build(out: str | Path, data_dir: str | Path) -> dict[str, Path]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
-    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.core.backbones import LLaDABackbone, save_backbone, tiny_llada_config
+    from dsl_llada.core.backbones.base import SpecialTokens
 
     out, data = Path(out), Path(data_dir) / "gsm8k_100.jsonl"
     if not data.is_file():

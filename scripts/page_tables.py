@@ -656,7 +656,7 @@ def _first_difference(old: list[str], new: list[str]) -> str | None:
 
 def write_pages(docs: Path, results_dir: Path, names: Sequence[str] | None = None) -> list[str]:
     """Replace the registered tables' blocks with their rendering; returns the names whose block changed."""
-    from dsl_llada.atomic import atomic_write_text
+    from dsl_llada.artifacts.atomic import atomic_write_text
 
     changed = []
     for page in sorted({t.page for t in TABLES.values()}):

@@ -24,10 +24,10 @@ from pathlib import Path
 def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_open: int | None = None) -> None:
     import torch
 
-    from dsl_llada.backbones import load_backbone
-    from dsl_llada.environment import environment_record, finish_record, set_threads
+    from dsl_llada.core.backbones import load_backbone
+    from dsl_llada.runtime.environment import environment_record, finish_record, set_threads
     from dsl_llada.sampling.batches import run_batches
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
     from dsl_llada.toy.demo import Demo, DemoConfig
     from dsl_llada.toy.evaluate import Method
     from dsl_llada.toy.tasks import render_prompt
@@ -58,7 +58,7 @@ def run(demo_dir: Path, threads: int, batch_size: int, nfe: int, out: Path, n_op
 def train(steps: int, threads: int, out: Path) -> None:
     from safetensors.torch import save_file
 
-    from dsl_llada.environment import set_threads
+    from dsl_llada.runtime.environment import set_threads
     from dsl_llada.toy.demo import Demo, DemoConfig
 
     set_threads(threads)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.toy.bayes_floor import dsl_curve, dsl_excess
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.demo_train import run_stage
@@ -49,7 +49,7 @@ def _base(demo, train, folder: str | None):
     """The demo's own pretrained model (the shipped one for its configuration), or a backbone folder."""
     if folder is None:
         return demo.pretrained(train)
-    from dsl_llada.loading import load_model
+    from dsl_llada.core.loading import load_model
     return load_model(Path(folder), special=demo.special)
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from dsl_llada.backbones import load_backbone, save_backbone
+from dsl_llada.core.backbones import load_backbone, save_backbone
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.toy import make_split
 from dsl_llada.toy.bayes_floor import dsl_curve, dsl_excess, mdm_curve
 from dsl_llada.toy.demo import Demo, DemoConfig

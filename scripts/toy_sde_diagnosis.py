@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from dsl_llada.config import SDEConfig
-from dsl_llada.environment import environment_record, finish_record
-from dsl_llada.loading import load_model
-from dsl_llada.model import DSLModel
+from dsl_llada.runtime.environment import environment_record, finish_record
+from dsl_llada.core.loading import load_model
+from dsl_llada.core.model import DSLModel
 import dsl_llada.toy.diagnose as D
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.oracle import oracle_models

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dsl_llada.backbones import save_backbone
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones import save_backbone
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALS = ["<|endoftext|>", "<|mdm_mask|>", "<|eot_id|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>"]

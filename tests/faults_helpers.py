@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones import LLaDABackbone, save_backbone, tiny_llada_config
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 
 CONTEXT = 64
@@ -27,7 +27,7 @@ def generate_prompts(n: int) -> list[str]:
 
 def make_dsl_dir(folder: Path) -> Path:
     """`folder`/dsl: `dsl-llada convert` of a tiny backbone (`make_backbone_dir`) made in `folder`/backbone."""
-    from dsl_llada.cli import main
+    from dsl_llada.cli.main import main
 
     assert main(["convert", str(make_backbone_dir(folder / "backbone")), str(folder / "dsl"), "--noise-dim", "8"]) == 0
     return folder / "dsl"
@@ -66,7 +66,7 @@ def error_lines(err: str) -> list[str]:
 
 def refused(capsys, argv: list[str]) -> str:
     """Run the CLI in-process on `argv`: it must exit 2 with exactly one 'error: ' line on stderr; returns that line."""
-    from dsl_llada.cli import main
+    from dsl_llada.cli.main import main
 
     capsys.readouterr()
     rc = main(argv)

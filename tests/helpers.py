@@ -19,9 +19,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import torch
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 
 V = 64
 MASK = V - 1
@@ -57,7 +57,7 @@ def tiny_dsl(vocab: int = V, seed: int = 0, *, noise_dim: int = 16, std: float =
 
 def toy_backbone(world, seed: int = 0, std: float = 0.3):
     """(tokenizer, tiny random LLaDA) over a ToyWorld's vocabulary with the world's special tokens, eval mode."""
-    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.core.backbones.base import SpecialTokens
     from dsl_llada.toy import build_tokenizer, special_ids
 
     tok = build_tokenizer(world)
@@ -123,8 +123,8 @@ def package_modules() -> list[str]:
 def toy_backbone_folder(path):
     """A tiny random LLaDA (std 0.3) over a 2-topic toy world's vocabulary, saved at `path` with the world's
     tokenizer and chat template. Returns `path`."""
-    from dsl_llada.backbones import save_backbone
-    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.core.backbones import save_backbone
+    from dsl_llada.core.backbones.base import SpecialTokens
     from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 
     world = ToyWorld(ToyWorldConfig(n_topics=2))

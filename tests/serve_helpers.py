@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.loading import encode_prompt
-from dsl_llada.model import DSLModel
+from dsl_llada.core.loading import encode_prompt
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling import PromptBatch, sample_remask, sample_remdm, sample_sde
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dsl_llada import allocator
+from dsl_llada.runtime import allocator
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
@@ -20,10 +20,10 @@ GLIBC = platform.libc_ver()[0] == "glibc"
 _SCRIPT = """
 import json, resource, sys
 if sys.argv[1] == "cli":
-    import dsl_llada.cli
+    import dsl_llada.cli.main
 import torch
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
-from dsl_llada.environment import environment_record
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.runtime.environment import environment_record
 torch.set_num_threads(1)
 bb = LLaDABackbone(tiny_llada_config(32768, d_model=32, n_layers=1, n_heads=2)).eval()
 x = torch.randn(8, 128, 32, generator=torch.Generator().manual_seed(0))

@@ -15,10 +15,10 @@ from transformers import (  # noqa: E402
     LlamaConfig, LlamaForCausalLM, ModernBertConfig, ModernBertForMaskedLM, Qwen2Config, Qwen2ForCausalLM,
     RobertaConfig, RobertaForMaskedLM)
 
-from dsl_llada.backbones import CheckpointError, SpecialTokens, load_backbone  # noqa: E402
-from dsl_llada.backbones.hf import (  # noqa: E402
+from dsl_llada.core.backbones import CheckpointError, SpecialTokens, load_backbone  # noqa: E402
+from dsl_llada.core.backbones.hf import (  # noqa: E402
     DreamBackbone, HFBackbone, bidirectional_additive_mask, load_hf_backbone)
-from dsl_llada.checkpoint import checkpoint_files, read_tensors, write_safetensors  # noqa: E402
+from dsl_llada.core.checkpoint import checkpoint_files, read_tensors, write_safetensors  # noqa: E402
 
 V, H = 64, 32
 MASK, EOS = 63, 62
@@ -391,7 +391,7 @@ def test_dream_missing_field(tmp_path):
 
 def test_dsl_config_records_the_backbone_family_and_refuses_another(tmp_path):
     from dsl_llada.config import ConverterConfig, DSLConfig
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
 
     folder, _, _ = _dream_folder(tmp_path)
     dream = load_backbone(folder)

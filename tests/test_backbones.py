@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsl_llada.backbones import (
+from dsl_llada.core.backbones import (
     CheckpointError, LLaDABackbone, LLaDAConfig, SpecialTokens, load_backbone, tiny_llada_config)
-from dsl_llada.checkpoint import checkpoint_files, write_safetensors
+from dsl_llada.core.checkpoint import checkpoint_files, write_safetensors
 
 V = 64
 MASK, EOS, BOS, EOT = 63, 62, 61, 60
@@ -309,7 +309,7 @@ def test_model_type_mismatch_is_refused(tmp_path):
 
 
 def test_output_embeddings_is_the_untied_head_or_wte():
-    from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+    from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 
     untied = LLaDABackbone(tiny_llada_config(64))
     assert untied.output_embeddings() is untied.model.transformer.ff_out

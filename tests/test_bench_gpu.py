@@ -125,7 +125,7 @@ def test_compiled_part_compares_with_eager_of_the_same_run(monkeypatch):
     import torch
 
     import bench_gpu
-    import dsl_llada.backbones.base as base
+    import dsl_llada.core.backbones.base as base
 
     seen = []
     monkeypatch.setattr(base.torch, "compile", lambda m: seen.append(m) or m)

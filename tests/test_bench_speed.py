@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH))
 import bench_train  # noqa: E402
 import bench_walltime  # noqa: E402
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config  # noqa: E402
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config  # noqa: E402
 
 
 def run(script: str, args, tmp_path, check=True):

@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers import toy_backbone_folder
 
-from dsl_llada.cli import main
-from dsl_llada.model import DSLModel
+from dsl_llada.cli.main import main
+from dsl_llada.core.model import DSLModel
 
 
 @pytest.fixture(scope="module")

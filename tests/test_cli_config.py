@@ -1,4 +1,4 @@
-"""CLI flags generated from config dataclasses (dsl_llada.cli_config) and the generate command's sampler flags."""
+"""CLI flags generated from config dataclasses (dsl_llada.cli.flags) and the generate command's sampler flags."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Literal
 
 import pytest
 
-from dsl_llada.cli import build_parser
-from dsl_llada.cli_config import add_config_args, config_from_args, field_docs
+from dsl_llada.cli.main import build_parser
+from dsl_llada.cli.flags import add_config_args, config_from_args, field_docs
 from dsl_llada.config import ConfigError, RemaskConfig, SDEConfig
 from dsl_llada.snr import SCHEDULES
 
@@ -69,7 +69,7 @@ def test_every_sampler_config_field_has_a_flag():
 
 
 def _choice(argv):
-    from dsl_llada.cli import _sampler_config
+    from dsl_llada.cli.main import _sampler_config
 
     return _sampler_config(build_parser().parse_args(["generate", "--model", "m", *argv]))
 
@@ -106,7 +106,7 @@ def test_config_validation_still_names_the_value():
 
 
 def _convert(argv):
-    from dsl_llada.cli import _convert_config
+    from dsl_llada.cli.main import _convert_config
 
     return _convert_config(build_parser().parse_args(["convert", "backbone", "out", *argv]))
 
@@ -126,7 +126,7 @@ def test_convert_flags_come_from_the_configs_and_keep_their_defaults():
 
 
 def test_serve_flags_come_from_server_config():
-    from dsl_llada.cli_config import config_from_args
+    from dsl_llada.cli.flags import config_from_args
     from dsl_llada.serve.settings import ServerConfig
 
     def settings(*argv):

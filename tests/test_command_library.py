@@ -9,9 +9,9 @@ from eval_fixtures import eval_models  # noqa: F401  (session fixture)
 from helpers import first_shown_judge, toy_backbone_folder
 
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.convert_command import ConvertSettings, run_convert
+from dsl_llada.core.convert_command import ConvertSettings, run_convert
 from dsl_llada.errors import CheckpointError
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +183,8 @@ def test_run_lm_eval_opens_the_resolved_model_source_as_given(eval_models, tmp_p
     pytest.importorskip("lm_eval")
     import dsl_llada.eval.lmeval as adapter
     from dsl_llada.eval.lmeval_command import LmEvalSettings, run_lm_eval
-    from dsl_llada.loading import resolve_source
-    from dsl_llada.model_source import ModelSource
+    from dsl_llada.core.loading import resolve_source
+    from dsl_llada.core.model_source import ModelSource
 
     opened = []
     real_open = adapter.open_model
@@ -210,7 +210,7 @@ def test_run_lm_eval_opens_the_resolved_model_source_as_given(eval_models, tmp_p
 
 def test_lm_eval_settings_refuse_bad_values_before_anything_loads(eval_models, tmp_path):  # noqa: F811
     from dsl_llada.eval.lmeval_command import LmEvalSettings
-    from dsl_llada.model_source import ModelSource
+    from dsl_llada.core.model_source import ModelSource
 
     source = ModelSource(path=str(eval_models["dsl"]))
     with pytest.raises(ValueError, match=r"tasks=\(\) must be a non-empty list of lm-eval task names"):
@@ -226,7 +226,7 @@ def test_lm_eval_settings_refuse_bad_values_before_anything_loads(eval_models, t
 def test_the_lm_eval_adapter_takes_a_source_or_loose_settings_not_both(eval_models):  # noqa: F811
     pytest.importorskip("lm_eval")
     from dsl_llada.eval.lmeval import DSLLadaLM
-    from dsl_llada.model_source import ModelSource
+    from dsl_llada.core.model_source import ModelSource
 
     source = ModelSource(path=str(eval_models["dsl"]), device="cpu", dtype="float32")
     with pytest.raises(ValueError, match=r"not both \(also given: device, model_dir\)"):

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.config import (ConfigBase, ConfigError, ConverterConfig, DSLConfig, RemaskConfig, SDEConfig, SNRConfig,
                               eta_for_nfe)
 
@@ -256,7 +256,7 @@ def test_one_override_syntax_for_train_and_eval_configs():
 
 
 def test_the_forward_options_are_declared_once_and_keep_each_samplers_field_order():
-    from dsl_llada.cli_config import field_docs
+    from dsl_llada.cli.flags import field_docs
     from dsl_llada.config import ForwardOptions
 
     shared = ["kv_cache", "cache_refresh", "compile"]

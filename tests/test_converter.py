@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from dsl_llada.config import ConverterConfig
-from dsl_llada.converter import Converter, NoiseEmbedding, noisy_states, posterior_mean
+from dsl_llada.core.converter import Converter, NoiseEmbedding, noisy_states, posterior_mean
 from helpers import gen
 
 V, H, D = 64, 32, 16
@@ -173,7 +173,7 @@ def test_gradients_equal_with_and_without_chunk_checkpointing(residual):
 
 
 def test_checkpointing_used_only_under_autograd(monkeypatch):
-    import dsl_llada.converter as conv_mod
+    import dsl_llada.core.converter as conv_mod
 
     calls = []
     real = conv_mod.checkpoint

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.toy.demo import DemoConfig
 from dsl_llada.toy.demo_command import DemoSettings, run_demo
 from dsl_llada.toy.evaluate import aggregate

@@ -315,7 +315,7 @@ def test_run_continuous_gives_the_fixed_batches_tokens_and_honours_skip(model, c
 
 
 def test_generate_continuous_records_equal_the_fixed_batch_records(model):
-    from dsl_llada.generation import generate
+    from dsl_llada.generate.generation import generate
 
     class Decoder:
         def decode(self, ids, skip_special_tokens=True):

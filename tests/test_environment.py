@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dsl_llada import __version__
-from dsl_llada.environment import environment_record, finish_record, has_native_bf16, usable_cpus
+from dsl_llada.runtime.environment import environment_record, finish_record, has_native_bf16, usable_cpus
 
 
 def test_record_names_versions_cpu_threads_and_seeds():
@@ -40,7 +40,7 @@ def test_native_bf16_follows_the_flags_not_the_vendor():
 
 
 def test_set_threads_sets_returns_and_bounds_the_count(monkeypatch):
-    from dsl_llada.environment import MAX_THREADS, default_threads, set_threads
+    from dsl_llada.runtime.environment import MAX_THREADS, default_threads, set_threads
 
     before = torch.get_num_threads()
     try:
@@ -59,7 +59,7 @@ def test_set_threads_sets_returns_and_bounds_the_count(monkeypatch):
 
 
 def test_footer_names_code_cpu_threads_and_load():
-    from dsl_llada.environment import environment_footer
+    from dsl_llada.runtime.environment import environment_footer
 
     rec = finish_record(environment_record(device="cpu", dtype=torch.float32, seeds=[7]))
     line = environment_footer(rec)
@@ -70,7 +70,7 @@ def test_footer_names_code_cpu_threads_and_load():
 
 
 def test_every_computing_command_takes_threads_and_main_sets_it(capsys):
-    from dsl_llada.cli import COMPUTING, build_parser, main
+    from dsl_llada.cli.main import COMPUTING, build_parser, main
 
     parser = build_parser()
     for cmd in COMPUTING:
@@ -90,7 +90,7 @@ def test_every_computing_command_takes_threads_and_main_sets_it(capsys):
 
 
 def test_record_file_stores_each_runs_environment_without_comparing_it(tmp_path):
-    from dsl_llada.records import RecordFile
+    from dsl_llada.artifacts.records import RecordFile
 
     out = tmp_path / "out.jsonl"
     settings = {"sampler": "sde", "seed": 1}

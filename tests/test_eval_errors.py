@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.config import ConfigError
 from dsl_llada.eval.eval_config import EvalConfig, apply_overrides, load_eval_config
 from dsl_llada.eval.samples import DataError
@@ -178,7 +178,7 @@ def test_disk_full_keeps_earlier_records(tmp_path, monkeypatch):
     w = ShardWriter(tmp_path / "rank-0.jsonl")
     w.write_many([{"key": "a", "v": 1}, {"key": "b", "v": 2}])
 
-    import dsl_llada.jsonl_log as jsonl_log_mod
+    import dsl_llada.artifacts.jsonl_log as jsonl_log_mod
 
     real = jsonl_log_mod._write_all
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from eval_fixtures import base_config, data_dir, eval_models  # noqa: F401  (session fixture)
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.eval import preflight as P
 from dsl_llada.errors import ConfigError
 

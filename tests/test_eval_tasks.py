@@ -124,7 +124,7 @@ def test_reasoning_scores_both_modes(models, tmp_path):
 
 def test_correction_task(models, tmp_path):
     from dsl_llada.eval import fix_clean as C
-    from dsl_llada.loading import load_model, load_tokenizer
+    from dsl_llada.core.loading import load_model, load_tokenizer
 
     d = data_dir()
     task = {"name": "correction", "options": {"rates": [0.1, 0.5], "paths": ["discrete", "converter"], "max_tokens": 40},
@@ -159,7 +159,7 @@ def test_correction_task(models, tmp_path):
 
 def test_probes_task(models, tmp_path):
     from dsl_llada.eval import forward_probes as P
-    from dsl_llada.loading import load_model, load_tokenizer
+    from dsl_llada.core.loading import load_model, load_tokenizer
 
     d = data_dir()
     task = {"name": "probes", "options": {"mask_rates": [0.3, 0.7], "corrupt_pcts": [0, 50], "max_tokens": 40},

@@ -18,10 +18,10 @@ import pytest
 from faults_helpers import (CONTEXT, GENERATE_SAMPLING, error_lines, generate_prompts, make_dsl_dir,
                             write_prompts_jsonl)
 
-import dsl_llada.jsonl_log as jsonl_log_mod
+import dsl_llada.artifacts.jsonl_log as jsonl_log_mod
 import dsl_llada.sampling.batches as batches_mod
-from dsl_llada.cli import main
-from dsl_llada.records import RecordFile
+from dsl_llada.cli.main import main
+from dsl_llada.artifacts.records import RecordFile
 from dsl_llada.sampling.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,12 +18,12 @@ import torch
 from faults_helpers import error_lines, make_backbone_dir, snapshot
 from safetensors import SafetensorError
 
-import dsl_llada.checkpoint as checkpoint_mod
-from dsl_llada.cli import main
-from dsl_llada.model import DSLModel
-from dsl_llada.outputs import OutputError, is_own_artifact, prepare_output_dir
-from dsl_llada.atomic import atomic_write_text
-from dsl_llada.figures import save_figure
+import dsl_llada.core.checkpoint as checkpoint_mod
+from dsl_llada.cli.main import main
+from dsl_llada.core.model import DSLModel
+from dsl_llada.artifacts.outputs import OutputError, is_own_artifact, prepare_output_dir
+from dsl_llada.artifacts.atomic import atomic_write_text
+from dsl_llada.artifacts.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 

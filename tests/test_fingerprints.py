@@ -11,7 +11,7 @@ from eval_fixtures import base_config, eval_models  # noqa: F401  (session fixtu
 from dsl_llada.config import ConfigError
 from dsl_llada.eval.eval_config import EvalConfig
 from dsl_llada.eval.runner import prepare_run_dir, run_inputs
-from dsl_llada.fingerprints import (code_fingerprint, folder_fingerprints, tokenizer_fingerprint,
+from dsl_llada.artifacts.fingerprints import (code_fingerprint, folder_fingerprints, tokenizer_fingerprint,
                                     tokenizer_object_fingerprint, weights_fingerprint)
 
 

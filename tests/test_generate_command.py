@@ -8,10 +8,10 @@ import json
 import pytest
 from faults_helpers import make_backbone_dir
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.config import RemaskConfig
-from dsl_llada.generate_command import GenerateSettings, run_generate
-from dsl_llada.model_source import ModelSource
+from dsl_llada.generate.generate_command import GenerateSettings, run_generate
+from dsl_llada.core.model_source import ModelSource
 
 PROMPTS = ("the ocean", "a river runs")
 

@@ -38,7 +38,7 @@ def test_module_discovery_finds_the_whole_package():
                for p in root.rglob("*.py")}
     assert set(names) == on_disk - ENTRY_POINTS  # nothing skipped silently (e.g. a package without __init__)
     assert len(names) >= 30
-    for expected in ("dsl_llada.checkpoint", "dsl_llada.backbones.base", "dsl_llada.train.trainer",
+    for expected in ("dsl_llada.core.checkpoint", "dsl_llada.core.backbones.base", "dsl_llada.train.trainer",
                      "dsl_llada.sampling.sde", "dsl_llada.toy.demo"):
         assert expected in names
 
@@ -137,8 +137,8 @@ def test_the_import_graph_has_no_cycle():
     root = Path(dsl_llada.__file__).parent
     graph = import_graph(root, "dsl_llada")
     assert len(graph) == len(package_modules()) + len(ENTRY_POINTS)
-    assert {"dsl_llada.model", "dsl_llada.toy.frontier_report"} <= graph["dsl_llada.toy.demo"]  # relative, top level
-    assert "dsl_llada.outputs" in graph["dsl_llada.toy.demo_command"]  # imported inside a function
+    assert {"dsl_llada.core.model", "dsl_llada.toy.frontier_report"} <= graph["dsl_llada.toy.demo"]  # relative, top level
+    assert "dsl_llada.artifacts.outputs" in graph["dsl_llada.toy.demo_command"]  # imported inside a function
     assert find_cycles(graph) == []
 
 
@@ -263,8 +263,8 @@ def upward_imports(graph: dict[str, set[str]], package: str, floors: dict[str, i
 def test_the_floors_written_in_the_design_hold():
     root = Path(dsl_llada.__file__).parent
     floors = design_floors((root.parents[1] / "docs" / "design.md").read_text(encoding="utf-8"))
-    assert {"errors.py", "backbones/", "sampling/", "train/", "eval/", "toy/", "serve/", "cli.py"} <= set(floors)
-    assert floors["errors.py"] < floors["model.py"] < floors["sampling/"] < floors["toy/"] < floors["cli.py"]
+    assert {"errors.py", "core/backbones/", "sampling/", "train/", "eval/", "toy/", "serve/", "cli/main.py"} <= set(floors)
+    assert floors["errors.py"] < floors["model.py"] < floors["sampling/"] < floors["toy/"] < floors["cli/main.py"]
     assert upward_imports(import_graph(root, "dsl_llada"), "dsl_llada", floors) == []
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import toy_backbone_folder
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
@@ -66,7 +66,7 @@ def test_the_wheel_holds_the_package_and_no_checkout_tool(installed):
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/", "docs/"))]
     assert "dsl_llada/docs_tables.py" not in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "dsl-llada = dsl_llada.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "dsl-llada = dsl_llada.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_the_installed_command_runs_outside_the_checkout(installed, tmp_path):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-import dsl_llada.jsonl_log as jl
+import dsl_llada.artifacts.jsonl_log as jl
 
 
 def test_append_whole_lines_and_read_back(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from dsl_llada.eval.judge import (AXES, JudgeConfig, Pair, Sample, aggregate, bootstrap_rates, build_messages, judgment_record,
                                   pair_samples, parse_reply, samples_from_records, unswap)
 from dsl_llada.eval.judge_backends import JudgeBackendError, LocalChatBackend, OpenAIChatBackend
-from dsl_llada.eval.judge_cli import add_judge_parser
+from dsl_llada.cli.judge_cli import add_judge_parser
 from dsl_llada.eval.judge_run import judge_runs, read_records
 from dsl_llada.eval.judge import RunSamples
 

@@ -386,7 +386,7 @@ def test_frontier_config_errors(kw, message):
 
 
 def test_demo_cache_frontier_flag_excludes_the_sweep(capsys):
-    from dsl_llada.cli import build_parser, main
+    from dsl_llada.cli.main import build_parser, main
 
     args = build_parser().parse_args(["demo", "--cache-frontier", "--quick"])
     assert args.cache_frontier and args.quick and not args.sweep

@@ -13,11 +13,11 @@ from eval_fixtures import find_data
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config  # noqa: E402
-from dsl_llada.backbones.base import SpecialTokens  # noqa: E402
-from dsl_llada.cli import main  # noqa: E402
+from dsl_llada.core.backbones import LLaDABackbone, save_backbone, tiny_llada_config  # noqa: E402
+from dsl_llada.core.backbones.base import SpecialTokens  # noqa: E402
+from dsl_llada.cli.main import main  # noqa: E402
 from dsl_llada.config import ConverterConfig, DSLConfig  # noqa: E402
-from dsl_llada.model import DSLModel  # noqa: E402
+from dsl_llada.core.model import DSLModel  # noqa: E402
 
 DATA = find_data("gsm8k_100.jsonl")
 GSM8K = DATA / "gsm8k_100.jsonl" if DATA is not None else Path("gsm8k_100.jsonl")

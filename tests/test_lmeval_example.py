@@ -15,7 +15,7 @@ from eval_fixtures import data_dir
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from dsl_llada.cli import main  # noqa: E402
+from dsl_llada.cli.main import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "evaluation.md"

@@ -8,12 +8,12 @@ import pytest
 import torch
 from helpers import tiny_dsl
 
-from dsl_llada.backbones import save_backbone
-from dsl_llada.backbones.base import Backbone, SpecialTokens
+from dsl_llada.core.backbones import save_backbone
+from dsl_llada.core.backbones.base import Backbone, SpecialTokens
 from dsl_llada.errors import CheckpointError
-from dsl_llada.loading import load_model, open_model
-from dsl_llada.model_source import ModelSource
-from dsl_llada.model import DSLModel
+from dsl_llada.core.loading import load_model, open_model
+from dsl_llada.core.model_source import ModelSource
+from dsl_llada.core.model import DSLModel
 from dsl_llada.train.components import load_training_model
 from dsl_llada.train.train_config import TrainConfig
 

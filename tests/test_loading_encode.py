@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from dsl_llada.loading import encode_messages, encode_prompt, special_spellings
+from dsl_llada.core.loading import encode_messages, encode_prompt, special_spellings
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer
 from dsl_llada.toy import words as W
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dsl_llada.sampling.remask as remask_mod
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import RemaskConfig
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.positions import LogitsBuffer, block_logits

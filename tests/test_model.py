@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-import dsl_llada.model as model_mod
-from dsl_llada.backbones import CheckpointError, save_backbone
-from dsl_llada.checkpoint import INDEX_NAME, WEIGHTS_NAME, checkpoint_files
+import dsl_llada.core.model as model_mod
+from dsl_llada.core.backbones import CheckpointError, save_backbone
+from dsl_llada.core.checkpoint import INDEX_NAME, WEIGHTS_NAME, checkpoint_files
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSL_CONFIG_NAME, DSLModel
+from dsl_llada.core.model import DSL_CONFIG_NAME, DSLModel
 from helpers import EOS, MASK, V, gen, perturb_converter, tiny_backbone, tiny_dsl
 
 H, D = 32, 16

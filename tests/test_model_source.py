@@ -11,11 +11,11 @@ import pytest
 import torch
 from faults_helpers import make_backbone_dir
 
-from dsl_llada.cli import build_parser
+from dsl_llada.cli.main import build_parser
 from dsl_llada.errors import ConfigError
-from dsl_llada.loading import open_model, resolve_source
-from dsl_llada.model_source import ModelSource
-from dsl_llada.cli_config import model_source_from_args
+from dsl_llada.core.loading import open_model, resolve_source
+from dsl_llada.core.model_source import ModelSource
+from dsl_llada.cli.flags import model_source_from_args
 
 MODEL_FLAGS = {"--model", "--tokenizer", "--device", "--dtype", "--quantize", "--assume-released",
                "--no-assume-released", "--allow-download", "--no-allow-download"}

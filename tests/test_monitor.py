@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.train.monitor import (clean_eval, converter_stats, default_gamma_max, effective_rank, fixed_snr_eval,
                                      infill_eval, mean_abs_cos, monitor_all, nll_bound_curve, nll_upper_bound,
                                      noise_embedding_health)

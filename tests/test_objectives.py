@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import dsl_llada.train.objectives as objectives
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConfigError, ConverterConfig, DSLConfig, SNRConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.train.objectives import (KEEP, MASKED, OBJECTIVES, RANDOM, ObjectiveConfig, ObjectiveOutput,
                                         check_finite, get_objective, mdm_corrupt, random_token_table, xdlm_corrupt,
                                         xdm_kl)
@@ -160,7 +160,7 @@ def test_dsl_loss_equals_manual_computation(model):
     out = get_objective("dsl")(model, {"input_ids": ids}, gen(9))
     g = gen(9)
     from dsl_llada.snr import sample_training_snr
-    from dsl_llada.converter import noisy_states
+    from dsl_llada.core.converter import noisy_states
     gamma = sample_training_snr(SNRConfig(), *ids.shape, g)
     z = noisy_states(model.unit_noise(), ids, gamma, g)
     logits = model.logits_from_states(ids, z)
@@ -196,7 +196,7 @@ def test_dsl_prompt_masking(monkeypatch):
     # loss = mean CE over the response positions only (recomputed from the same draws)
     g = gen(2)
     from dsl_llada.snr import sample_training_snr
-    from dsl_llada.converter import noisy_states
+    from dsl_llada.core.converter import noisy_states
     gamma = sample_training_snr(SNRConfig(), 3, 10, g)
     z = noisy_states(m.unit_noise(), ids, gamma, g)
     logits = orig(ids, z, ~prompt)
@@ -322,7 +322,7 @@ def test_xdlm_random_ids_can_hit_specials_when_not_excluded():
 
 
 def test_random_table_excludes_all_named_specials():
-    from dsl_llada.backbones.base import SpecialTokens
+    from dsl_llada.core.backbones.base import SpecialTokens
     sp = SpecialTokens(mask=10, eos=11, eot=12, pad=13, bos=14)
     t = random_token_table(20, sp, True)
     assert sorted(t.tolist()) == [i for i in range(20) if i not in (10, 11, 12, 13, 14)]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dsl_llada.openmp import SPIN_COUNT, VARIABLES, set_wait_defaults
+from dsl_llada.runtime.openmp import SPIN_COUNT, VARIABLES, set_wait_defaults
 
 
 def test_defaults_are_a_bounded_spin_for_gnu_openmp_and_sleep_for_llvm_openmp():
@@ -29,10 +29,10 @@ def test_any_user_setting_is_kept_as_given(name, value):
 
 
 def _openmp_display(extra: dict[str, str]) -> str:
-    """What GNU OpenMP reports it read at start (OMP_DISPLAY_ENV) when torch loads after `dsl_llada.cli`."""
+    """What GNU OpenMP reports it read at start (OMP_DISPLAY_ENV) when torch loads after `dsl_llada.cli.main`."""
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
     env.update(extra, OMP_DISPLAY_ENV="VERBOSE")
-    code = ("import sys, dsl_llada.cli\nassert 'torch' not in sys.modules, 'torch loaded before the wait settings'\n"
+    code = ("import sys, dsl_llada.cli.main\nassert 'torch' not in sys.modules, 'torch loaded before the wait settings'\n"
             "import torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 17).add_(1)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dsl_llada.loading as loading
-from dsl_llada.cli import build_parser, main
+import dsl_llada.core.loading as loading
+from dsl_llada.cli.main import build_parser, main
 from dsl_llada.config import SDEConfig
-from dsl_llada.converter import posterior_mean
-from dsl_llada.model import DSLModel, cast_for_inference
-from dsl_llada.cli_config import model_source_from_args
+from dsl_llada.core.converter import posterior_mean
+from dsl_llada.core.model import DSLModel, cast_for_inference
+from dsl_llada.cli.flags import model_source_from_args
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.denoiser import Denoiser
 from helpers import perturb_converter, tiny_dsl, toy_backbone_folder
@@ -122,7 +122,7 @@ def test_sde_in_bf16_keeps_state_softmax_and_posterior_in_fp32(monkeypatch):
         seen["softmax_in"].add(x.dtype)
         return real_softmax(x, *args, **kw)
 
-    import dsl_llada.converter as conv
+    import dsl_llada.core.converter as conv
 
     monkeypatch.setattr(conv.torch, "softmax", softmax_spy)
     prompts = PromptBatch.from_lists([[1, 2, 3], [4, 5]], model.special.pad_id)
@@ -178,8 +178,8 @@ def test_converter_memory_stays_chunked_at_batch_8():
     the output equals the unchunked map."""
     model = tiny_dsl(vocab=300, seed=0, token_chunk=256)
     z = torch.randn(8, 128, 16, generator=torch.Generator().manual_seed(0)) * 4
-    from dsl_llada.converter import aligned_slots
-    from dsl_llada.numerics import Workspace
+    from dsl_llada.core.converter import aligned_slots
+    from dsl_llada.core.numerics import Workspace
 
     ws = Workspace()
     with torch.no_grad():
@@ -191,7 +191,7 @@ def test_converter_memory_stays_chunked_at_batch_8():
 
 
 def test_posterior_mean_reuses_one_fp32_buffer_for_bf16_logits():
-    from dsl_llada.numerics import Workspace
+    from dsl_llada.core.numerics import Workspace
 
     E = torch.nn.functional.normalize(torch.randn(600, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
     ws = Workspace()

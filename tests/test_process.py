@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import dsl_llada
-from dsl_llada import allocator
-from dsl_llada.openmp import MAX_THREADS, SPIN_COUNT, VARIABLES
-from dsl_llada.process import FIXED, WAITS, ProcessSettings, configure_process, openmp_started, wait_environment
+from dsl_llada.runtime import allocator
+from dsl_llada.runtime.openmp import MAX_THREADS, SPIN_COUNT, VARIABLES
+from dsl_llada.runtime.process import FIXED, WAITS, ProcessSettings, configure_process, openmp_started, wait_environment
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def clean_wait_env(monkeypatch):
 
 def test_the_call_is_on_the_package_and_importing_it_loads_no_torch():
     assert dsl_llada.configure_process is configure_process
-    code = "import sys, dsl_llada\nprint('torch' in sys.modules, dsl_llada.process.openmp_started())"
+    code = "import sys, dsl_llada\nprint('torch' in sys.modules, dsl_llada.runtime.process.openmp_started())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]

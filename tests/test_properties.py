@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from serve_helpers import save_tiny_toy_dsl
 
-import dsl_llada.loading as loading
-from dsl_llada.cli import main
-from dsl_llada.loading import check_prompt_texts, load_model, load_tokenizer, read_prompts
+import dsl_llada.core.loading as loading
+from dsl_llada.cli.main import main
+from dsl_llada.core.loading import check_prompt_texts, load_model, load_tokenizer, read_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = [HealthCheck.function_scoped_fixture]  # tmp_path is shared by the examples; each cleans up after itself

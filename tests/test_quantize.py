@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from dsl_llada.backbones.llada import LLaDAConfig
-from dsl_llada.cli import main
+from dsl_llada.core.backbones.llada import LLaDAConfig
+from dsl_llada.cli.main import main
 from dsl_llada.config import SDEConfig
-from dsl_llada.quantize import QuantizationUnavailable, memory_estimate, quantize_backbone
+from dsl_llada.core.quantize import QuantizationUnavailable, memory_estimate, quantize_backbone
 from dsl_llada.sampling import PromptBatch, sample_sde
 from helpers import tiny_dsl, toy_backbone_folder
 

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_helpers import free_port, save_tiny_toy_dsl
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.config import ConfigError
-from dsl_llada.model_source import ModelSource
+from dsl_llada.core.model_source import ModelSource
 from dsl_llada.serve.ray_deploy import (DEPLOYMENT_NAME, REPLICA_HEADER, RayConfig, RayServeSettings,
                                         deployment_options, replica_serve_settings)
 from dsl_llada.serve.server import ServeSettings, open_serve_app

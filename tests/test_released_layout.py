@@ -10,10 +10,10 @@ import shutil
 import pytest
 from faults_helpers import error_lines, make_dsl_dir
 
-from dsl_llada.cli import main
-from dsl_llada.loading import open_model
-from dsl_llada.model import DSLModel, check_released_opt_in
-from dsl_llada.model_source import ModelSource
+from dsl_llada.cli.main import main
+from dsl_llada.core.loading import open_model
+from dsl_llada.core.model import DSLModel, check_released_opt_in
+from dsl_llada.core.model_source import ModelSource
 
 REFUSAL = "is a DSL checkpoint without dsl_config.json"
 OPT_INS = ("--assume-released", "'assume_released: true'", "assume_released=true", "assume_released=True")

@@ -11,11 +11,11 @@ import torch
 from faults_helpers import GENERATE_SAMPLING, make_dsl_dir
 from helpers import gen, tiny_backbone, tiny_dsl
 
-import dsl_llada.backbones.base as base
-from dsl_llada.cli import main
+import dsl_llada.core.backbones.base as base
+from dsl_llada.cli.main import main
 from dsl_llada.config import RemaskConfig
 from dsl_llada.errors import ConfigError
-from dsl_llada.records import settings_diff
+from dsl_llada.artifacts.records import settings_diff
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.remask import sample_remask
 

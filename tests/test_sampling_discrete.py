@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.config import ConfigError, RemaskConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling.common import PromptBatch, RowRNG
 from dsl_llada.sampling.remask import sample_remask, sample_remdm, suppressed_steps, transfer_counts
 from dsl_llada.sampling.remask_step import remask_step

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.generation import SAMPLERS, run_sampler
+from dsl_llada.generate.generation import SAMPLERS, run_sampler
 from dsl_llada.sampling import PromptBatch, sample, sample_block_sde, sample_remask, sample_sde
 from helpers import gen, tiny_dsl
 

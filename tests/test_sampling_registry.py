@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import dsl_llada
-from dsl_llada.cli import build_parser
+from dsl_llada.cli.main import build_parser
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.registry import (REGISTRY, SAMPLERS, SamplerSettingError, get_spec, sampler_config,
                                          sampler_table_markdown, spec_of)
@@ -132,7 +132,7 @@ def test_train_and_eval_are_siblings(package, sibling):
     assert crossing == {}
 
 
-@pytest.mark.parametrize("module", ["cli.py", "serve/schemas.py", "eval/methods.py", "eval/lmeval.py", "toy/evaluate.py"])
+@pytest.mark.parametrize("module", ["cli/main.py", "serve/schemas.py", "eval/methods.py", "eval/lmeval.py", "toy/evaluate.py"])
 def test_entry_points_build_sampler_configs_through_the_registry(module):
     """No entry point constructs a sampler config itself: each calls the registry's one parser."""
     tree = ast.parse((SRC / module).read_text())

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import dsl_llada.sampling.sde as sde_mod
-from dsl_llada.backbones.base import position_index
+from dsl_llada.core.backbones.base import position_index
 from dsl_llada.config import ConfigError, SDEConfig
 from dsl_llada.sampling import (PromptBatch, RowRNG, heun_solve, inference_beta, sample_block_sde, sample_sde,
                                 stop_lengths)

@@ -13,12 +13,12 @@ import torch
 from fastapi.testclient import TestClient
 from serve_helpers import save_tiny_toy_dsl
 
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
-from dsl_llada.cli import main
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.cli.main import main
 from dsl_llada.config import ConfigError, RemaskConfig
 from dsl_llada.eval.eval_config import MethodSpec
 from dsl_llada.eval.methods import sampler_for
-from dsl_llada.loading import load_model, load_tokenizer
+from dsl_llada.core.loading import load_model, load_tokenizer
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.remask_step import remaining_quota, transfer_counts

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsl_llada.cli import _sampler_config, build_parser
+from dsl_llada.cli.main import _sampler_config, build_parser
 from dsl_llada.config import SDEConfig
 from dsl_llada.sampling import heun_solve
 

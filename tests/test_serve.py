@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from helpers import BatchLog
 from serve_helpers import library_batch_texts, library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.loading import load_model, load_tokenizer
+from dsl_llada.core.loading import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
 from dsl_llada.serve.schemas import RequestError, SamplingFields, build_sampling
 

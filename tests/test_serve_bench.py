@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsl_llada.loading import load_model, load_tokenizer
+from dsl_llada.core.loading import load_model, load_tokenizer
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import save_tiny_toy_dsl, uvicorn_server
 
-from dsl_llada.loading import load_model, load_tokenizer
+from dsl_llada.core.loading import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,7 @@ from helpers import BatchLog
 from serve_helpers import library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.loading import encode_prompt, load_model, load_tokenizer
+from dsl_llada.core.loading import encode_prompt, load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
 
 pytestmark = pytest.mark.usefixtures("one_thread")

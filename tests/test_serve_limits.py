@@ -21,7 +21,7 @@ from helpers import BatchLog
 from serve_helpers import free_port, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig
-from dsl_llada.loading import load_model, load_tokenizer
+from dsl_llada.core.loading import load_model, load_tokenizer
 from dsl_llada.serve.app import create_app
 from dsl_llada.serve.limits import Limits
 from dsl_llada.serve.middleware import allowed_hosts, host_allowed

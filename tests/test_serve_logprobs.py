@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from serve_helpers import save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import SDEConfig
-from dsl_llada.loading import encode_prompt, load_model, load_tokenizer
+from dsl_llada.core.loading import encode_prompt, load_model, load_tokenizer
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.serve.app import create_app
 

@@ -11,7 +11,7 @@ import torch
 from serve_helpers import library_ids, library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.loading import encode_prompt, load_model, load_tokenizer
+from dsl_llada.core.loading import encode_prompt, load_model, load_tokenizer
 
 # one intra-op thread (conftest): a busy 2-core CPU makes spinning OpenMP threads ~100x slower on tiny models
 pytestmark = pytest.mark.usefixtures("one_thread")

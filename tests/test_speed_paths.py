@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsl_llada.backbones.base import position_index, select_positions, with_positions
+from dsl_llada.core.backbones.base import position_index, select_positions, with_positions
 from dsl_llada.config import ConfigError, SDEConfig
-from dsl_llada.converter import posterior_mean
-from dsl_llada.numerics import denormals_flushed, flush_denormals
+from dsl_llada.core.converter import posterior_mean
+from dsl_llada.core.numerics import denormals_flushed, flush_denormals
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.config import RemaskConfig
@@ -76,8 +76,8 @@ transformers = pytest.importorskip("transformers")
 def _hf_models():
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, RobertaConfig, RobertaForMaskedLM
 
-    from dsl_llada.backbones.base import SpecialTokens
-    from dsl_llada.backbones.hf import DreamBackbone, HFBackbone
+    from dsl_llada.core.backbones.base import SpecialTokens
+    from dsl_llada.core.backbones.hf import DreamBackbone, HFBackbone
 
     torch.manual_seed(0)
     kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
@@ -221,7 +221,7 @@ def test_samplers_leave_the_denormal_mode_as_they_found_it():
 # -- GPU readiness, exercised on CPU -------------------------------------------------------------------------------
 def test_compile_switch_routes_the_backbone_through_torch_compile(monkeypatch):
     """Plumbing only: a real inductor compile takes minutes on this CPU (it ran once by hand: identical tokens)."""
-    import dsl_llada.backbones.base as base
+    import dsl_llada.core.backbones.base as base
 
     seen = []
     monkeypatch.setattr(base.torch, "compile", lambda m: seen.append(m) or m)
@@ -258,7 +258,7 @@ def _rows(seed: int, rows: int, n: int, scale: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", ["gaussian", "wide", "ties", "half -inf", "one row", "sorted ids"])
 def test_top_m_values_selects_exactly_the_topk(case):
-    from dsl_llada.converter import top_m_values
+    from dsl_llada.core.converter import top_m_values
 
     m = 64
     x = {"gaussian": _rows(1, 32, 8192, 1.0), "wide": _rows(2, 7, 20000, 30.0),
@@ -278,7 +278,7 @@ def test_top_m_values_selects_exactly_the_topk(case):
 
 def test_top_m_values_falls_back_to_topk(monkeypatch):
     """A NaN, short rows and flat rows take torch.topk itself (counted through a wrapper)."""
-    from dsl_llada import converter
+    from dsl_llada.core import converter
 
     calls = []
     real = torch.Tensor.topk
@@ -302,7 +302,7 @@ def test_top_m_values_falls_back_to_topk(monkeypatch):
 
 
 def test_workspace_reuses_its_buffer_and_the_converter_output_is_unchanged():
-    from dsl_llada.numerics import Workspace
+    from dsl_llada.core.numerics import Workspace
 
     ws = Workspace()
     a = ws.get("x", (4, 10), torch.float32, torch.device("cpu"))
@@ -321,8 +321,8 @@ def test_workspace_reuses_its_buffer_and_the_converter_output_is_unchanged():
 def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
     """From SLOT_ALIGN_MIN_ROWS rows the inference slot buffer's rows are padded to a multiple of SLOT_ALIGN floats
     (-inf logits, probability 0): every value of π and h equals the unpadded computation's bit for bit."""
-    from dsl_llada.converter import SLOT_ALIGN, SLOT_ALIGN_MIN_ROWS, aligned_slots
-    from dsl_llada.numerics import Workspace
+    from dsl_llada.core.converter import SLOT_ALIGN, SLOT_ALIGN_MIN_ROWS, aligned_slots
+    from dsl_llada.core.numerics import Workspace
 
     model = perturb_converter(tiny_dsl(layout=layout))
     conv, E = model.converter, model.unit_noise()
@@ -353,7 +353,7 @@ def test_aligned_slot_buffer_gives_bit_identical_converter_output(layout):
 def test_top_m_values_needs_no_full_topk(monkeypatch):
     """Peaked rows are served from the candidates: torch.topk runs on the sample's group maxima, the picked groups
     and the candidate block only, never on a whole row or the whole sample, and the result is topk's."""
-    from dsl_llada import converter
+    from dsl_llada.core import converter
 
     calls = []
     real = torch.Tensor.topk
@@ -376,7 +376,7 @@ def test_top_m_values_needs_no_full_topk(monkeypatch):
 def _sparse_reference(conv, pi: torch.Tensor, tol: float) -> torch.Tensor:
     """The sparse converter's values row by row: dense rows F.linear, sparse rows their renormalised kept slots."""
     import torch.nn.functional as F
-    from dsl_llada.converter import SPARSE_MAX_FRACTION
+    from dsl_llada.core.converter import SPARSE_MAX_FRACTION
 
     lin = conv.backbone_embedding
     keep = pi >= tol / pi.shape[-1]
@@ -408,7 +408,7 @@ def test_sparse_values_equal_the_row_by_row_reference(mix):
         got, ref = conv._sparse_values(pi, 1e-6), _sparse_reference(conv, pi, 1e-6)
         W = conv.backbone_embedding.weight
         bound = 2 * pi.shape[-1] * 2.0**-24 * (pi @ W.abs().T + conv.backbone_embedding.bias.abs())
-    from dsl_llada.converter import SPARSE_MAX_FRACTION
+    from dsl_llada.core.converter import SPARSE_MAX_FRACTION
     sparse = (pi >= 1e-6 / pi.shape[-1]).sum(-1) <= max(1, pi.shape[-1] // SPARSE_MAX_FRACTION)
     assert {"flat": 0, "peaked": 12, "mixed": 6}[mix] == int(sparse.sum())  # each case exercises what it names
     assert torch.equal(got[sparse], ref[sparse])
@@ -422,7 +422,7 @@ def test_sparse_values_equal_the_row_by_row_reference(mix):
 def test_sample_kth_largest_equals_topk_of_the_strided_sample(case):
     """The k-th largest of the strided sample, found from the top-k groups, is exactly the value a topk over the
     whole sample gives, with ties, NaNs (ranked above every number), -inf rows and a padded last group."""
-    from dsl_llada.converter import sample_kth_largest
+    from dsl_llada.core.converter import sample_kth_largest
 
     n, k = {"short tail": (20001, 96), "few groups": (4096, 96)}.get(case, (32768, 96))
     x = _rows(20, 9, n, 2.0)
@@ -449,7 +449,7 @@ def test_sample_kth_largest_equals_topk_of_the_strided_sample(case):
 
 @pytest.mark.parametrize("density", [0.0, 0.02, 0.5, 1.0])
 def test_flat_nonzero_equals_nonzero(density):
-    from dsl_llada.converter import flat_nonzero
+    from dsl_llada.core.converter import flat_nonzero
 
     mask = torch.rand(37, 1024, generator=gen(21)) < density
     assert torch.equal(flat_nonzero(mask), mask.view(-1).nonzero().squeeze(1))
@@ -464,7 +464,7 @@ def test_head_linear_equals_f_linear_bit_for_bit(rows, H, V):
     thresholds take F.linear itself); 3-D inputs keep their leading shape."""
     import torch.nn.functional as F
 
-    from dsl_llada.backbones.base import HEAD_CHUNK_BYTES, head_linear
+    from dsl_llada.core.backbones.base import HEAD_CHUNK_BYTES, head_linear
 
     w = torch.randn(V, H, generator=gen(30)) * 0.5
     x = torch.randn(1, rows, H, generator=gen(31))
@@ -478,7 +478,7 @@ def test_head_linear_equals_f_linear_bit_for_bit(rows, H, V):
 
 def test_head_linear_keeps_autograd_and_other_dtypes_on_f_linear(monkeypatch):
     """Under autograd and outside fp32 the head is one F.linear (counted); at inference in fp32 it is chunked."""
-    from dsl_llada.backbones import base
+    from dsl_llada.core.backbones import base
 
     calls = []
     real = base.F.linear

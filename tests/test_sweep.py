@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dsl_llada.cli import build_parser, main
+from dsl_llada.cli.main import build_parser, main
 from dsl_llada.config import ConfigError, SDEConfig, eta_for_nfe
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.demo_train import TrainStage
@@ -118,7 +118,7 @@ def test_other_seed_other_outputs(swept, tmp_path):
 
 def test_context_view_leaves_the_model_alone(swept):
     out, _, _ = swept
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
 
     dsl = DSLModel.from_pretrained(next((out / "cache").glob("cpt-dsl-*")))
     view = with_context_embedding(dsl, "wte")

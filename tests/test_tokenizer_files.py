@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import toy_backbone_folder
 
-from dsl_llada.backbones.base import SpecialTokens
-from dsl_llada.checkpoint import TOKENIZER_FILES
-from dsl_llada.cli import main
-from dsl_llada.loading import encode_prompt, load_tokenizer
+from dsl_llada.core.backbones.base import SpecialTokens
+from dsl_llada.core.checkpoint import TOKENIZER_FILES
+from dsl_llada.cli.main import main
+from dsl_llada.core.loading import encode_prompt, load_tokenizer
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 from dsl_llada.train.builtin_tokenizers import builtin_tokenizer
 from dsl_llada.train.components import _byte_encode, _ids_encode

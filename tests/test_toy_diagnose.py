@@ -12,9 +12,9 @@ import torch
 from helpers import toy_backbone
 
 from dsl_llada import toy
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.config import ConverterConfig, DSLConfig, SDEConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling.batches import run_batch
 from dsl_llada.toy import diagnose as D
 from dsl_llada.toy.oracle import oracle_dsl_model, response_machine

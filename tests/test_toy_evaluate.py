@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dsl_llada.config import SDEConfig
-from dsl_llada.generation import run_sampler
-from dsl_llada.model import DSLModel
+from dsl_llada.generate.generation import run_sampler
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.toy import ToyWorld, ToyWorldConfig
 from dsl_llada.toy.evaluate import Method, sample_records

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from dsl_llada import toy
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.config import RemaskConfig, SDEConfig
-from dsl_llada.converter import noisy_states
+from dsl_llada.core.converter import noisy_states
 from dsl_llada.sampling import PromptBatch, sample_sde
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.toy import words as W
@@ -203,7 +203,7 @@ def test_the_oracle_sits_on_its_own_floor_and_a_random_model_above_it(demo_world
     from helpers import toy_backbone
 
     from dsl_llada.config import ConverterConfig, DSLConfig
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
     from dsl_llada.toy.bayes_floor import dsl_curve, dsl_excess, mdm_curve
 
     w, tok, om = demo_world

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 from train_common import ContentSeededObjective, corpus, letters, make_backbone_dir, multiproc_config, \
     param_checksum
 
-from dsl_llada.backbones import load_backbone
-from dsl_llada.model import DSLModel
+from dsl_llada.core.backbones import load_backbone
+from dsl_llada.core.model import DSLModel
 from dsl_llada.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

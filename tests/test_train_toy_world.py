@@ -11,9 +11,9 @@ import torch
 
 from helpers import toy_backbone_folder
 
-from dsl_llada.backbones import load_backbone
+from dsl_llada.core.backbones import load_backbone
 from dsl_llada.config import ConfigError
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.toy import EOS, EOT, render_prompt
 from dsl_llada.toy.bayes_floor import MASK_RATES, dsl_excess, mdm_curve
 from dsl_llada.toy.floor_report import held_out
@@ -184,7 +184,7 @@ def test_scratch_model_takes_the_world_ids_and_checkpoints_hold_the_world_tokeni
 def test_bayes_floor_without_the_toy_world_is_one_clear_error(tmp_path, capsys, monkeypatch):
     with pytest.raises(ConfigError, match=r"eval_bayes_floor needs the toy-world data source \(data.toy_world"):
         TrainConfig(init_from="scratch", scratch_model={"d_model": 8}, eval_bayes_floor={"n_heldout": 4})
-    from dsl_llada.cli import main
+    from dsl_llada.cli.main import main
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "run"

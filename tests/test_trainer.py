@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 
 from train_common import VOCAB, corpus, letters, make_backbone_dir
 
-from dsl_llada.backbones import load_backbone
-from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.core.backbones import load_backbone
+from dsl_llada.core.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConfigError, ConverterConfig, DSLConfig
-from dsl_llada.model import DSLModel
+from dsl_llada.core.model import DSLModel
 from dsl_llada.train import trainer as trainer_mod
 from dsl_llada.train.checkpointing import flatten_tree, load_tree, save_tree, unflatten_tree
 from dsl_llada.train.components import ObjectiveModule
@@ -498,7 +498,7 @@ def test_bf16_auto_on_cuda(backbone_dir, tmp_path):  # pragma: no cover - GPU on
 
 # -- CLI -------------------------------------------------------------------------------------------------------------
 def test_cli_trains_the_toy_preset(tmp_path, capsys, monkeypatch):
-    from dsl_llada.cli import main
+    from dsl_llada.cli.main import main
 
     monkeypatch.chdir(ROOT)  # the toy preset's corpus path is relative to the repository root
     out = tmp_path / "toy"

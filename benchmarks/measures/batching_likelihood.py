@@ -13,7 +13,7 @@ import statistics
 import torch
 from benchlib import command_line, environment_note, interleave, write_section
 
-from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.core.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.eval.likelihood import LikelihoodRequest, mc_loglikelihood
 
 TITLE = "Monte Carlo log-likelihood: batch 1 vs batched"

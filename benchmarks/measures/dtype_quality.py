@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from benchlib import demo_checkpoints, write_section, write_text
 
-from dsl_llada.environment import environment_record, finish_record
-from dsl_llada.quantize import quantize_backbone
+from dsl_llada.runtime.environment import environment_record, finish_record
+from dsl_llada.core.quantize import quantize_backbone
 from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig, cast_for_inference
 from dsl_llada.toy.evaluate import PAPER_METHODS, error_correction, score_record

@@ -44,9 +44,9 @@ def build(shape: str, dtype: torch.dtype, layers: int | None):
     """A random LLaDA-architecture DSL model built directly in `dtype` (never an fp32 copy of a bf16 model's
     backbone: the parameters are allocated on the meta device, then materialised in `dtype`). Same seed, same
     values: the bf16 model's weights are the fp32 model's rounded to bf16."""
-    from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+    from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
     from dsl_llada.config import ConverterConfig, DSLConfig
-    from dsl_llada.model import DSLModel
+    from dsl_llada.core.model import DSLModel
 
     s = dict(SHAPES[shape])
     if layers:
@@ -89,7 +89,7 @@ def flops(s: dict, batch: int) -> dict[str, float]:
 
 def _parts(model, s, dtype, batch, reps, peak, cfg, parts=PARTS) -> dict:
     """One denoiser call at gamma 5 split into its parts (median of `reps` each), with their FLOP times."""
-    from dsl_llada.numerics import flush_denormals
+    from dsl_llada.core.numerics import flush_denormals
     from dsl_llada.sampling.denoiser import Denoiser
     from dsl_llada.sampling.sde import inference_beta
 
@@ -148,7 +148,7 @@ def child(a) -> dict:
     """Build one model per dtype of `a.child_dtypes` in this process and measure them alternating, `a.rounds`
     rounds (each measurement of one dtype is followed by the same measurement of the next)."""
     from dsl_llada.config import SDEConfig
-    from dsl_llada.environment import environment_record, finish_record
+    from dsl_llada.runtime.environment import environment_record, finish_record
 
     torch.set_num_threads(a.threads)
     dtypes = {n: {"float32": torch.float32, "bfloat16": torch.bfloat16}[n] for n in a.child_dtypes}

@@ -21,8 +21,8 @@ import statistics
 import torch
 from benchlib import command_line, interleave, llada_shaped, machine_line, random_prompts, run_environment, write_section
 
-from dsl_llada import converter as conv_mod
-from dsl_llada import numerics
+from dsl_llada.core import converter as conv_mod
+from dsl_llada.core import numerics
 from dsl_llada.config import SDEConfig
 from dsl_llada.sampling.sde import sample_sde
 

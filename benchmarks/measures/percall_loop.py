@@ -24,10 +24,10 @@ import torch
 from benchlib import (PRESETS, command_line, median_time, random_prompts, reset_peak_rss, run_environment,
                       status_kib, write_section)
 
-from dsl_llada.backbones.llada import LLaDABackbone, LLaDAConfig
+from dsl_llada.core.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
-from dsl_llada.model import DSLModel
-from dsl_llada.numerics import flush_denormals
+from dsl_llada.core.model import DSLModel
+from dsl_llada.core.numerics import flush_denormals
 from dsl_llada.sampling.common import PromptBatch
 from dsl_llada.sampling.denoiser import Denoiser
 from dsl_llada.sampling.sde import inference_beta, sample_sde
@@ -140,7 +140,7 @@ def throughput(model: DSLModel, device: str, gen_length: int, prompt_len: int, n
 
 
 def _converter_peak_child(chunk: int, L: int, V: int, H: int) -> None:
-    from dsl_llada.converter import Converter
+    from dsl_llada.core.converter import Converter
 
     conv = Converter(ConverterConfig(noise_dim=100, token_chunk=chunk), V, H)
     E = torch.nn.functional.normalize(torch.randn(V, 100), dim=-1)

@@ -62,9 +62,9 @@ def measure(reps: int, tolerance: float, cpu_clock: bool = False) -> dict:
     with `cpu_clock`, every time and the peak are the process's CPU time (1 thread: `benchlib.use_cpu_clock`)."""
     if cpu_clock:
         use_cpu_clock(torch.get_num_threads())
-    from dsl_llada import converter as C
+    from dsl_llada.core import converter as C
     from dsl_llada.config import RemaskConfig
-    from dsl_llada.numerics import Workspace, flush_denormals
+    from dsl_llada.core.numerics import Workspace, flush_denormals
     from dsl_llada.sampling.denoiser import Denoiser
     from dsl_llada.sampling.remask import sample_remask
     from dsl_llada.sampling.sde import sample_sde
@@ -151,7 +151,7 @@ def head_layouts(x: torch.Tensor, w: torch.Tensor, reps: int) -> dict[str, dict]
                 "mm(x, Wᵀ contiguous copy)": lambda: torch.mm(x, wt),
                 "W xᵀ, logits transposed (V, L)": lambda: torch.mm(w, x.T)}
     try:  # the backbone's head: vocabulary chunks of the weight
-        from dsl_llada.backbones.base import head_linear
+        from dsl_llada.core.backbones.base import head_linear
         variants["head_linear: 4 MB vocabulary chunks of W (used)"] = lambda: head_linear(x, w)
     except ImportError:
         pass

@@ -23,8 +23,8 @@ from benchlib import (blocks_and_head_times, command_line, llada_shaped, machine
                       run_environment, sde_call_inputs, sde_call_work, write_section)
 
 from dsl_llada.config import RemaskConfig
-from dsl_llada.converter import top_m_values
-from dsl_llada.numerics import flush_denormals
+from dsl_llada.core.converter import top_m_values
+from dsl_llada.core.numerics import flush_denormals
 from dsl_llada.sampling.remask import sample_remask
 from dsl_llada.sampling.sde import sample_sde
 

@@ -38,15 +38,15 @@ from typing import Callable
 import torch
 from benchlib import PAGES, command_line, environment_note, run_environment, sync, write_text
 
-from dsl_llada.backbones import LLaDABackbone, tiny_llada_config
-from dsl_llada.backbones.base import SpecialTokens
+from dsl_llada.core.backbones import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones.base import SpecialTokens
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
-from dsl_llada.loading import check_device, encode_prompt, load_model, load_tokenizer
-from dsl_llada.model import DSLModel
+from dsl_llada.core.loading import check_device, encode_prompt, load_model, load_tokenizer
+from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.serve.app import create_app
-from dsl_llada.backbones.base import model_device
-from dsl_llada.generation import run_sampler
+from dsl_llada.core.backbones.base import model_device
+from dsl_llada.generate.generation import run_sampler
 from dsl_llada.serve.runner import seeded_generator
 
 HOST = "127.0.0.1"
@@ -323,7 +323,7 @@ def run_rounds(model, tok, *, rounds: int = 3, clients: int = 16, requests: int 
 
 
 def markdown_rounds(result: dict, *, command: str, model_desc: str) -> str:
-    from dsl_llada.environment import environment_record
+    from dsl_llada.runtime.environment import environment_record
 
     env = environment_record(device=result.get("device", "cpu"), dtype="float32")
     n = result["clients"] * result["requests_per_client"]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import ConfigError as ConfigError  # re-exported: the configs' one error type, imported from here package-wide
 from .snr import ScheduleName, check_schedule, snr_schedule
-from .atomic import atomic_write_text
+from .artifacts.atomic import atomic_write_text
 
 C = TypeVar("C", bound="ConfigBase")
 

@@ -18,7 +18,7 @@ def models(tmp_path_factory):
     """(backbone folder, DSL checkpoint folder) made with `dsl-llada convert`."""
     from faults_helpers import make_backbone_dir
 
-    from dsl_llada.cli import main
+    from dsl_llada.cli.main import main
 
     root = tmp_path_factory.mktemp("models")
     backbone = make_backbone_dir(root / "backbone")

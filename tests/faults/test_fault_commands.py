@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from faults_helpers import error_lines
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 
 
 # -- lm-eval --include-path ----------------------------------------------------------------------------------------

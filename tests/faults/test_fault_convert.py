@@ -13,8 +13,8 @@ import pytest
 from fault_utils import ROOT, run_cli
 from faults_helpers import error_lines, make_backbone_dir
 
-from dsl_llada.cli import main
-from dsl_llada.locks import lock_path
+from dsl_llada.cli.main import main
+from dsl_llada.artifacts.locks import lock_path
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_a_second_convert_to_the_same_folder_is_refused_naming_the_first(backbon
     out = tmp_path / "dsl"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     holder = subprocess.Popen(  # a convert in progress, as far as the lock is concerned
-        [sys.executable, "-c", "import sys, time\nfrom dsl_llada.locks import output_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom dsl_llada.artifacts.locks import output_lock\n"
          f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
         env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -48,9 +48,9 @@ def test_the_temp_folder_of_a_killed_convert_is_removed_by_the_next_run(backbone
     out = tmp_path / "dsl"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     # a convert killed inside its atomic save: stop it once its temp folder holds the weights being written
-    code = ("import os, sys\nimport dsl_llada.checkpoint as c\nreal = c._save\n"
+    code = ("import os, sys\nimport dsl_llada.core.checkpoint as c\nreal = c._save\n"
             "def save(t, p):\n    real(t, p)\n    os.kill(os.getpid(), 9)\nc._save = save\n"
-            "from dsl_llada.cli import main\nsys.exit(main(sys.argv[1:]))")
+            "from dsl_llada.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "convert", str(backbone), str(out)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == -9
@@ -74,8 +74,8 @@ def test_a_stale_looking_folder_holding_other_files_is_named_not_removed(backbon
 
 
 def test_lock_waits_for_nothing_and_leaves_nothing(tmp_path):
-    from dsl_llada.locks import output_lock
-    from dsl_llada.outputs import OutputError
+    from dsl_llada.artifacts.locks import output_lock
+    from dsl_llada.artifacts.outputs import OutputError
 
     with output_lock(tmp_path / "x") as lock:
         assert lock.read_text().strip() == str(os.getpid())

@@ -17,9 +17,9 @@ from faults_helpers import error_lines, refused
 
 import dsl_llada.toy.demo as demo_mod
 import dsl_llada.toy.demo_command as demo_command
-from dsl_llada.cli import main
-from dsl_llada.locks import lock_path, output_lock
-from dsl_llada.outputs import OutputError
+from dsl_llada.cli.main import main
+from dsl_llada.artifacts.locks import lock_path, output_lock
+from dsl_llada.artifacts.outputs import OutputError
 from dsl_llada.toy.demo import Demo, DemoConfig
 from dsl_llada.toy.run_files import COMPARISON_FILES, remove_stale_stages
 
@@ -33,7 +33,7 @@ def test_a_second_demo_on_the_same_out_is_refused_naming_the_first(tmp_path, cap
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     holder = subprocess.Popen(  # a demo in progress, as far as the lock is concerned
-        [sys.executable, "-c", "import time\nfrom dsl_llada.locks import output_lock\n"
+        [sys.executable, "-c", "import time\nfrom dsl_llada.artifacts.locks import output_lock\n"
          f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
         env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -80,7 +80,7 @@ def test_sigterm_ends_the_demo_and_its_lock(tmp_path):
     out = tmp_path / "demo"
     code = ("import sys, time\nimport dsl_llada.toy.demo_command as c\n"
             "def comparison(demo, out):\n    print('running', flush=True)\n    time.sleep(120)\n"
-            "c._comparison = comparison\nfrom dsl_llada.cli import main\nsys.exit(main(sys.argv[1:]))")
+            "c._comparison = comparison\nfrom dsl_llada.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     p = subprocess.Popen([sys.executable, "-c", code, "demo", "--quick", "--out", str(out), "-q"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

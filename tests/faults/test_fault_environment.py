@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from dsl_llada import allocator, openmp
+from dsl_llada.runtime import allocator, openmp
 
 # the CLI's import (which makes the settings), then one parallel region, then the record
-_SCRIPT = ("import json, sys, dsl_llada.cli\nimport torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 17).add_(1)\n"
-           "from dsl_llada.environment import environment_record\nrec = environment_record()\n"
+_SCRIPT = ("import json, sys, dsl_llada.cli.main\nimport torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 17).add_(1)\n"
+           "from dsl_llada.runtime.environment import environment_record\nrec = environment_record()\n"
            "print(json.dumps({'threads': rec['threads'], 'malloc': rec['malloc']}))\n")
 
 

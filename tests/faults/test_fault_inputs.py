@@ -15,8 +15,8 @@ import pytest
 from fault_utils import ROOT
 from faults_helpers import error_lines, refused
 
-from dsl_llada.cli import main
-from dsl_llada.environment import usable_cpus
+from dsl_llada.cli.main import main
+from dsl_llada.runtime.environment import usable_cpus
 
 GEN = ["--sampler", "remask", "--steps", "2", "--gen-length", "4", "-q", "--device", "cpu"]
 
@@ -68,7 +68,7 @@ def test_a_model_path_that_is_a_file_says_so(models, capsys):
 # -- sizes and counts --------------------------------------------------------------------------------------------------
 def test_a_prompt_line_far_longer_than_the_context_is_refused_before_tokenising(models, tmp_path, capsys,
                                                                                  monkeypatch):
-    import dsl_llada.loading as loading
+    import dsl_llada.core.loading as loading
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "the ocean " * 300_000}) + "\n")  # 3 MB on one line
@@ -104,14 +104,14 @@ def _convert_dying_in_save(backbone: Path, out: Path, how: str) -> subprocess.Co
     """`convert` whose weights write is interrupted: `kill9` dies as safetensors leaves its half-written
     `.tmpXXXXXX` file in the temp folder; `term` receives SIGTERM while the write is in progress."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    code = ("import os, signal, sys\nfrom pathlib import Path\nimport dsl_llada.checkpoint as c\nreal = c._save\n"
+    code = ("import os, signal, sys\nfrom pathlib import Path\nimport dsl_llada.core.checkpoint as c\nreal = c._save\n"
             "def save(t, p):\n"
             f"    if {how == 'kill9'}:\n"
             "        (Path(p).parent / '.tmpAb12Cd').write_bytes(b'\\0' * 4096)\n"
             "        os.kill(os.getpid(), signal.SIGKILL)\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    real(t, p)\n"
-            "c._save = save\nfrom dsl_llada.cli import main\nsys.exit(main(sys.argv[1:]))")
+            "c._save = save\nfrom dsl_llada.cli.main import main\nsys.exit(main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, "convert", str(backbone), str(out)], env=env,
                           capture_output=True, text=True, timeout=300)
 

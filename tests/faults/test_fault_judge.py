@@ -10,7 +10,7 @@ import pytest
 from faults_helpers import refused
 from helpers import first_shown_judge
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 from dsl_llada.eval.judge import Pair, Sample, judgment_record, parse_reply
 
 

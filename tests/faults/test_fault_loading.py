@@ -16,8 +16,8 @@ from fault_utils import run_cli
 from faults_helpers import error_lines, refused
 from safetensors.torch import load_file, save_file
 
-import dsl_llada.generation as generation_mod
-from dsl_llada.cli import main
+import dsl_llada.generate.generation as generation_mod
+from dsl_llada.cli.main import main
 
 GEN = ["--prompt", "the ocean", "--sampler", "remask", "--steps", "2", "--gen-length", "4", "-q", "--device", "cpu"]
 
@@ -118,7 +118,7 @@ def test_special_token_spellings_in_a_prompt_stay_text_unless_allowed(models, tm
         return real(*args, encoded=encoded, **kw)
 
     monkeypatch.setattr(generation_mod, "generate", spy)
-    from dsl_llada.loading import load_tokenizer
+    from dsl_llada.core.loading import load_tokenizer
 
     tok = load_tokenizer(models[1])
     control = {tok.convert_tokens_to_ids("<|mdm_mask|>"), tok.eos_token_id}

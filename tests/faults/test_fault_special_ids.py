@@ -16,11 +16,11 @@ from faults_helpers import GENERATE_SAMPLING, error_lines
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from dsl_llada.backbones import LLaDABackbone, save_backbone, tiny_llada_config
-from dsl_llada.cli import main
+from dsl_llada.core.backbones import LLaDABackbone, save_backbone, tiny_llada_config
+from dsl_llada.cli.main import main
 from dsl_llada.errors import CheckpointError
-from dsl_llada.loading import open_model
-from dsl_llada.model_source import ModelSource
+from dsl_llada.core.loading import open_model
+from dsl_llada.core.model_source import ModelSource
 from dsl_llada.toy import ToyWorld, ToyWorldConfig, build_tokenizer, special_ids
 from dsl_llada.toy.tokenizer import special_tokens
 from dsl_llada.toy import words as W

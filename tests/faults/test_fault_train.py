@@ -15,7 +15,7 @@ import pytest
 from fault_utils import run_cli, train_argv
 from faults_helpers import error_lines, snapshot
 
-from dsl_llada.cli import main
+from dsl_llada.cli.main import main
 
 
 def metrics(out: Path) -> list[dict]:

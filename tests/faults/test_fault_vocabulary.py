@@ -11,9 +11,9 @@ import pytest
 from faults_helpers import error_lines, make_backbone_dir, make_dsl_dir
 from transformers import PreTrainedTokenizerFast
 
-from dsl_llada.cli import main
-from dsl_llada.loading import open_model
-from dsl_llada.model_source import ModelSource
+from dsl_llada.cli.main import main
+from dsl_llada.core.loading import open_model
+from dsl_llada.core.model_source import ModelSource
 
 ADDED = "zqxjv"
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from faults_helpers import error_lines, make_backbone_dir
 
-import dsl_llada.loading as loading_mod
-from dsl_llada.cli import main
+import dsl_llada.core.loading as loading_mod
+from dsl_llada.cli.main import main
 from dsl_llada.config import (FP32_MAX, FP32_TINY, MAX_HEUN_RATIO, MAX_NFE, RemaskConfig, SDEConfig,
                               check_number)
 from dsl_llada.errors import ConfigError
-from dsl_llada.loading import MAX_PROMPT_LINE_BYTES, read_prompts
+from dsl_llada.core.loading import MAX_PROMPT_LINE_BYTES, read_prompts
 from dsl_llada.snr import snr_schedule
 
 

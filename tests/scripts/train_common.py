@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from dsl_llada.backbones import save_backbone
-from dsl_llada.backbones.llada import LLaDABackbone, tiny_llada_config
+from dsl_llada.core.backbones import save_backbone
+from dsl_llada.core.backbones.llada import LLaDABackbone, tiny_llada_config
 from dsl_llada.train.train_config import TrainConfig
 from dsl_llada.train.objectives import ObjectiveOutput, get_objective
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ..config import BLOCK_SDE, ConfigBase, ConfigError, _check, read_config_file  # one validation helper
-from ..model_source import DTypeName, ModelSource
+from ..core.model_source import DTypeName, ModelSource
 from ..overrides import apply_overrides
-from ..atomic import atomic_write_text
+from ..artifacts.atomic import atomic_write_text
 
 TASK_NAMES = ("generation", "summarization", "reasoning", "correction", "probes", "walltime")
 MODEL_KINDS = ("diffusion", "causal-lm")

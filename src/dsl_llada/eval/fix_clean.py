@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backbones.base import model_device
+from ..core.backbones.base import model_device
 from . import metrics as M
 
 __all__ = ["PATHS", "CorrectionCase", "aggregate_fix_clean", "align_pair", "case_logits", "fix_clean_records",
@@ -243,7 +243,7 @@ def case_logits(model: Any, ids: torch.Tensor, *, path: str = "discrete", gamma:
     dtype = model.backbone.input_embeddings().weight.dtype
     if gamma is None:
         return model.backbone(model.converter.clean_embedding(ids).to(dtype), attention_mask)
-    from ..converter import noisy_states
+    from ..core.converter import noisy_states
 
     E = model.unit_noise()
     gens = list(generators) if generators is not None else [None] * ids.shape[0]

@@ -32,8 +32,8 @@ import torch
 
 from . import metrics as M
 from .fix_clean import _encode, special_ids
-from ..backbones.base import model_device as _device
-from ..figures import save_figure
+from ..core.backbones.base import model_device as _device
+from ..artifacts.figures import save_figure
 
 __all__ = ["calibration_summary", "context_robustness_records", "context_robustness_summary",
            "converter_phase_table", "mask_calibration_records", "reliability_diagram"]
@@ -226,7 +226,7 @@ def converter_phase_table(model: Any, token_ids: Sequence[int], *, snrs: Sequenc
         raise ValueError(f"converter_phase_table needs a DSL model with a converter, got {type(model).__name__}")
     if n_seeds < 1:
         raise ValueError(f"n_seeds must be >= 1, got {n_seeds}")
-    from ..converter import noisy_states
+    from ..core.converter import noisy_states
 
     V = model.vocab_size
     dev = _device(model)

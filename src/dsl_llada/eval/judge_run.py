@@ -19,8 +19,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .. import jsonl_log
-from ..atomic import atomic_write_text
+from ..artifacts import jsonl_log
+from ..artifacts.atomic import atomic_write_text
 from .judge import JudgeConfig, Pair, RunSamples, aggregate, build_messages, judgment_record, pair_samples, render_summary
 from .judge_backends import JudgeBackend, JudgeBackendError
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backbones.base import model_device
+from ..core.backbones.base import model_device
 
 
 @dataclass(frozen=True)

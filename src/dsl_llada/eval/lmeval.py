@@ -16,8 +16,8 @@ import logging
 from typing import Any
 
 
-from ..loading import encode_prompt, open_model
-from ..model_source import ModelSource
+from ..core.loading import encode_prompt, open_model
+from ..core.model_source import ModelSource
 from ..sampling.batches import run_batches
 from ..sampling.registry import SamplerConfig, sampler_config
 from .likelihood import LikelihoodRequest, greedy_match, mc_loglikelihood, rolling_windows

@@ -3,7 +3,7 @@ DSL checkpoint or a masked-diffusion backbone through this project's samplers, p
 returns the command's exit code:
 
     from dsl_llada.eval.lmeval_command import LmEvalSettings, run_lm_eval
-    from dsl_llada.model_source import ModelSource
+    from dsl_llada.core.model_source import ModelSource
     run_lm_eval(LmEvalSettings(ModelSource(path="runs/dsl/final"), tasks=("gsm8k_local",), include_path="tasks/",
                                sampler="remask", sampler_fields={"steps": "64", "gen_length": "256"}))
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..model_source import ModelSource
+from ..core.model_source import ModelSource
 from ..sampling.registry import SAMPLERS
 
 __all__ = ["LmEvalSettings", "check_task_files", "run_lm_eval"]
@@ -106,8 +106,8 @@ def run_lm_eval(settings: LmEvalSettings) -> int:
         from lm_eval.utils import make_table
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..loading import resolve_source
-    from ..atomic import atomic_write_text
+    from ..core.loading import resolve_source
+    from ..artifacts.atomic import atomic_write_text
     from .lmeval import DSLLadaLM
 
     source = resolve_source(s.source)

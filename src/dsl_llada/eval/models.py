@@ -31,7 +31,7 @@ class Loaded:
 
 
 def resolve_dtype(spec: ModelSpec, device: str) -> torch.dtype:
-    from ..loading import resolve_dtype as dtype_of
+    from ..core.loading import resolve_dtype as dtype_of
 
     return dtype_of(spec.dtype, device)
 
@@ -49,7 +49,7 @@ def load_tokenizer_for(spec: ModelSpec):
             return AutoTokenizer.from_pretrained(path, gguf_file=spec.gguf_file, local_files_only=True)
         except (OSError, ValueError) as e:
             raise ConfigError(f"model {spec.name!r}: could not read a tokenizer from {path}/{spec.gguf_file}: {e}") from None
-    from ..loading import load_tokenizer
+    from ..core.loading import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -74,7 +74,7 @@ def load(spec: ModelSpec, device: str) -> Loaded:
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return Loaded(spec, model, tok, torch.device(device))
-    from ..loading import open_model
+    from ..core.loading import open_model
 
     handle = open_model(spec.source(device))
     return Loaded(spec, handle.model, handle.tokenizer, handle.device)
@@ -82,7 +82,7 @@ def load(spec: ModelSpec, device: str) -> Loaded:
 
 def check_method(loaded: Loaded, method: MethodSpec) -> None:
     """One clear error when a method cannot run on this model/tokenizer."""
-    from ..model import DSLModel
+    from ..core.model import DSLModel
     from .methods import needs_dsl
 
     if needs_dsl(method) and not isinstance(loaded.model, DSLModel):
@@ -102,7 +102,7 @@ def check_method(loaded: Loaded, method: MethodSpec) -> None:
 
 def encode(loaded: Loaded, prompt: str, chat: bool) -> list[int]:
     """Prompt ids as the model sees them (chat template as one user turn, or raw)."""
-    from ..loading import encode_prompt
+    from ..core.loading import encode_prompt
 
     return encode_prompt(loaded.tokenizer, prompt, chat_template=chat)
 

@@ -111,7 +111,7 @@ def model_facts(path: str | Path) -> dict[str, Any]:
 
 def check_models(cfg, tokenizers: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Folder, DSL-need and tokenizer/special-id checks per model; returns each model's facts."""
-    from ..model import check_released_opt_in
+    from ..core.model import check_released_opt_in
     from .methods import needs_dsl
     from .tasks.task import is_dsl_folder
 

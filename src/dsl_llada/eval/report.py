@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..stats import format_interval
-from ..figures import save_figure
+from ..artifacts.figures import save_figure
 
 Column = tuple[str, str, str]
 """(row key, header, format spec such as '.2f' or '' for str())."""

@@ -31,10 +31,10 @@ from typing import Any
 
 from .. import __version__
 from ..config import ConfigError
-from ..outputs import resolve_output
+from ..artifacts.outputs import resolve_output
 from ..sampling.batches import retry_rows
-from ..atomic import atomic_write_text
-from ..progress import progress as progress_bar
+from ..artifacts.atomic import atomic_write_text
+from ..sampling.progress import progress as progress_bar
 from . import shards as R
 from .eval_config import EvalConfig, MethodSpec, config_diff
 from .samples import Sample
@@ -144,7 +144,7 @@ def _plan_forward_task(cfg: EvalConfig, tspec, task, ds, samples: list[Sample], 
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:
-    from ..loading import encode_prompt
+    from ..core.loading import encode_prompt
 
     return encode_prompt(tok, text, chat_template=chat)
 
@@ -225,7 +225,7 @@ def prepare_run_dir(run_dir: Path, cfg: EvalConfig, *, overwrite: bool = False, 
 def run_inputs(cfg: EvalConfig) -> dict[str, Any]:
     """What the run's records depend on besides its config: each model's weights and tokenizer (content hashes, so
     a retrained checkpoint at the same path is not resumed into) and the sampling code."""
-    from ..fingerprints import code_fingerprint, folder_fingerprints
+    from ..artifacts.fingerprints import code_fingerprint, folder_fingerprints
 
     out: dict[str, Any] = {m.name: folder_fingerprints(m.path, m.tokenizer) for m in cfg.models
                            if Path(m.path).is_dir()}
@@ -312,7 +312,7 @@ def run_eval(cfg: EvalConfig, run_dir: str | Path, *, overwrite: bool = False, n
         raise err
     if not (run_dir / R.MARKER).exists() or config_diff(json.loads((run_dir / R.MARKER).read_text())["config"], cfg.to_dict()):
         raise ConfigError(f"{run_dir}: the run folder was not prepared for this config (another rank failed?)")
-    from ..environment import environment_record
+    from ..runtime.environment import environment_record
 
     environment = environment_record(device=device, seeds=list(cfg.seeds))  # each model's dtype is in the config
     done = set(R.read_shards(run_dir))

@@ -6,7 +6,7 @@ Run folder layout::
     RUN_DIR/eval_run.json        marker: package version, format, the full EvalConfig
     RUN_DIR/shards/rank-R.jsonl  records written by process R (any number of runs, any world size)
     RUN_DIR/records.jsonl        merged records (rank 0, after all ranks finished), in work-item order
-    RUN_DIR/environment.jsonl    one environment record per run or resume (`dsl_llada.environment`), rank 0
+    RUN_DIR/environment.jsonl    one environment record per run or resume (`dsl_llada.runtime.environment`), rank 0
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import jsonl_log
-from ..atomic import atomic_write_text
+from ..artifacts import jsonl_log
+from ..artifacts.atomic import atomic_write_text
 
 MARKER = "eval_run.json"
 FORMAT = "dsl-llada-eval-run/1"
@@ -29,7 +29,7 @@ ENVIRONMENTS = "environment.jsonl"
 
 def append_environment(run_dir: Path, record: dict[str, Any], **extra: Any) -> None:
     """Append this run's (or resume's) environment record, with the end load average, as one JSON line."""
-    from ..environment import finish_record
+    from ..runtime.environment import finish_record
 
     line = json.dumps({**finish_record(record), **extra}, sort_keys=True) + "\n"
     with open(Path(run_dir) / ENVIRONMENTS, "a", encoding="utf-8") as f:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..environment import environment_footer
-from ..atomic import atomic_write_text
+from ..runtime.environment import environment_footer
+from ..artifacts.atomic import atomic_write_text
 from . import shards as R
 from .eval_config import EvalConfig
 from .report import seed_spread_markdown

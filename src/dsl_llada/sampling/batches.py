@@ -38,10 +38,10 @@ from typing import TypeVar
 
 import torch
 
-from ..backbones.base import Backbone, context_limit, model_device
-from ..loading import check_prompt_lengths
-from ..model import DSLModel
-from ..progress import progress as progress_bar
+from ..core.backbones.base import Backbone, context_limit, model_device
+from ..core.loading import check_prompt_lengths
+from ..core.model import DSLModel
+from .progress import progress as progress_bar
 from .common import PromptBatch, SampleOutput
 from .dispatch import SamplerConfig, sample
 from .engine import Engine, EngineResult

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..backbones.base import compiled
-from ..model import DSLModel
-from ..numerics import Workspace
+from ..core.backbones.base import compiled
+from ..core.model import DSLModel
+from ..core.numerics import Workspace
 from .common import ForwardCounter
 from .kv_cache import WindowKVCache
 

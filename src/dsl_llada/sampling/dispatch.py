@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..model import DSLModel
+from ..core.model import DSLModel
 from .common import PromptBatch, SampleOutput, StepCallback
 from .registry import SAMPLERS, SamplerConfig, spec_of
 from .remask import DiscreteModel

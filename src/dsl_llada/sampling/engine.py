@@ -39,11 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import Backbone, compiled, context_limit, model_device
+from ..core.backbones.base import Backbone, compiled, context_limit, model_device
 from ..config import RemaskConfig, SDEConfig
 from ..errors import ConfigError
-from ..model import DSLModel
-from ..numerics import Workspace, denormals_flushed_during
+from ..core.model import DSLModel
+from ..core.numerics import Workspace, denormals_flushed_during
 from ..snr import snr_schedule
 from .common import RowRNG, SampleOutput, StepCallback, StepInfo, stop_lengths
 from .denoiser import scale_states

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..backbones.base import Backbone, KVCache, Positions
+from ..core.backbones.base import Backbone, KVCache, Positions
 from ..config import check_cache_options
 from ..errors import ConfigError
 

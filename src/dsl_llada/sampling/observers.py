@@ -25,7 +25,7 @@ class StepProgress:
         if info.decode:
             return
         if self.bar is None:
-            from ..progress import progress
+            from .progress import progress
 
             self.bar = progress(total=info.total_steps, desc=self.desc)
         self.bar.update(1)

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..backbones.base import Backbone, Positions, compiled, context_limit, model_device, with_positions
+from ..core.backbones.base import Backbone, Positions, compiled, context_limit, model_device, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
-from ..numerics import denormals_flushed_during
+from ..core.numerics import denormals_flushed_during
 from .common import (ForwardCounter, LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo,
                      check_prompt_fits, stop_lengths)
 from .kv_cache import WindowKVCache
@@ -42,7 +42,7 @@ from .remask_step import (RemaskStep, block_schedule, guide_and_ban, remaining_q
                           transfer_counts)
 
 if TYPE_CHECKING:
-    from ..backbones.base import SpecialTokens
+    from ..core.backbones.base import SpecialTokens
 
 __all__ = ["DiscreteModel", "fewest_equivalent_steps", "sample_remask", "sample_remdm", "transfer_counts",
            "suppressed_steps"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backbones.base import SpecialTokens
+from ..core.backbones.base import SpecialTokens
 from ..config import RemaskConfig
 from .common import RowRNG
 from .guards import NonFiniteStateError

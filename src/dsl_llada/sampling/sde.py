@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 from ..config import FP32_MAX, SDEConfig
 from ..errors import ConfigError
-from ..model import DSLModel
-from ..numerics import denormals_flushed_during
+from ..core.model import DSLModel
+from ..core.numerics import denormals_flushed_during
 from ..snr import snr_schedule
-from ..progress import progress as progress_bar
+from .progress import progress as progress_bar
 from .common import (LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
 from .denoiser import Denoiser

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from .ray_deploy import build_ray_app
-from .serve_cli import add_ray_serve_args, ray_serve_settings
+from ..cli.serve_cli import add_ray_serve_args, ray_serve_settings
 
 __all__ = ["app_builder"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigBase, _check, check_number
-from ..environment import MAX_THREADS
+from ..runtime.environment import MAX_THREADS
 from .server import ServeSettings, check_port_free
 from .settings import RAY_INSTALL, REPLICA_HEADER
 

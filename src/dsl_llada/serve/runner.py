@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import torch
 
-from ..backbones.base import model_device
-from ..generation import run_sampler
+from ..core.backbones.base import model_device
+from ..generate.generation import run_sampler
 from ..sampling import PromptBatch, StepInfo
 from ..sampling.engine import Engine, EngineResult
 from ..sampling.guards import FiniteLogitsGuard

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..config import RemaskConfig, SDEConfig
 from ..sampling.registry import SAMPLERS, SamplerSettingError, get_spec, sampler_config
-from ..text import not_text
+from ..core.text import not_text
 
 # request fields handled explicitly (not passed through as config fields)
 _EXPLICIT = {"nfe", "steps", "gen_length", "block_length", "eta", "temperature", "remdm"}

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..loading import open_model
-from ..model_source import ModelSource
+from ..core.loading import open_model
+from ..core.model_source import ModelSource
 from .settings import SERVE_PORT, UI_PORT, ServerConfig
 
 if TYPE_CHECKING:

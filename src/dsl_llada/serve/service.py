@@ -11,14 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from ..config import RemaskConfig
-from ..loading import encode_messages, encode_prompt
-from ..model import DSLModel
+from ..core.loading import encode_messages, encode_prompt
+from ..core.model import DSLModel
 from ..sampling.engine import Engine
 from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
-from ..backbones.base import context_limit
+from ..core.backbones.base import context_limit
 from .runner import BatchRunner, EngineRows, JobResult
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
 
@@ -47,7 +47,7 @@ class Service:
         self.context = context_limit(model)
         self.limits = limits or Limits.for_model(self.context, parameter_count(model))
         if environment is None:
-            from ..environment import environment_record
+            from ..runtime.environment import environment_record
 
             param = next(model.parameters())
             environment = environment_record(device=param.device, dtype=param.dtype)

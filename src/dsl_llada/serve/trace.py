@@ -16,8 +16,8 @@ import torch
 
 from ..config import RemaskConfig, SDEConfig
 from ..sampling import PromptBatch, StepInfo
-from ..backbones.base import model_device
-from ..generation import run_sampler
+from ..core.backbones.base import model_device
+from ..generate.generation import run_sampler
 from .runner import seeded_generator
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RemaskConfig, SDEConfig
-from ..loading import encode_prompt
-from ..model import DSLModel
+from ..core.loading import encode_prompt
+from ..core.model import DSLModel
 from ..sampling.registry import REGISTRY, get_spec
 from .batcher import same_torch_threads
-from ..backbones.base import context_limit
+from ..core.backbones.base import context_limit
 from .schemas import RequestError, SamplingFields, build_sampling
 from .trace import Trace, render_grid, render_step, run_traced
 
@@ -64,7 +64,7 @@ def settings_to_config(model, sampler: str, nfe_or_steps, gen_length, block_leng
 
 def environment_footer(model) -> str:
     """One line of the environment record (the same record every artifact carries) for the page footer."""
-    from ..environment import environment_record
+    from ..runtime.environment import environment_record
 
     p = next(model.parameters())
     env = environment_record(device=p.device, dtype=p.dtype)

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import Backbone, SpecialTokens, model_device
+from ..core.backbones.base import Backbone, SpecialTokens, model_device
 from ..config import SNRConfig
-from ..converter import noisy_states
-from ..model import DSLModel
+from ..core.converter import noisy_states
+from ..core.model import DSLModel
 from ..snr import sample_training_snr
 from .oracle import oracle_dsl_model
 from .world import ToyWorld

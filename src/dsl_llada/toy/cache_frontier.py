@@ -34,12 +34,12 @@ from typing import Any
 import torch
 
 from ..config import CACHE_MODES, MAX_NFE, CacheMode, ConfigBase, ConfigError, RemaskConfig, SDEConfig
-from ..loading import DTYPES
-from ..backbones.base import Backbone
-from ..model import DSLModel, cast_for_inference
-from ..progress import progress as progress_bar
-from ..environment import load_average
-from ..fingerprints import sampling_key
+from ..core.loading import DTYPES
+from ..core.backbones.base import Backbone
+from ..core.model import DSLModel, cast_for_inference
+from ..sampling.progress import progress as progress_bar
+from ..runtime.environment import load_average
+from ..artifacts.fingerprints import sampling_key
 from ..stats import bootstrap_ratio
 from .evaluate import aggregate, sampled_rows, score_record
 from .sweep import OPEN_KEYS, SUM_KEYS, append_rows, model_fingerprint, read_rows, task_metrics

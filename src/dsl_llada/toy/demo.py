@@ -23,17 +23,17 @@ from typing import Any
 
 import torch
 
-from ..backbones import save_backbone
-from ..backbones.llada import LLaDABackbone, tiny_llada_config
-from ..backbones.base import Backbone
+from ..core.backbones import save_backbone
+from ..core.backbones.llada import LLaDABackbone, tiny_llada_config
+from ..core.backbones.base import Backbone
 from ..config import ConfigBase, ConverterConfig, DSLConfig, _check
-from ..environment import environment_record, finish_record
-from ..loading import DTYPES, open_model
-from ..model_source import ModelSource
+from ..runtime.environment import environment_record, finish_record
+from ..core.loading import DTYPES, open_model
+from ..core.model_source import ModelSource
 from ..eval.report import plot_nfe_curves
-from ..model import DSLModel, cast_for_inference
-from ..atomic import atomic_write_text
-from ..progress import progress as progress_bar
+from ..core.model import DSLModel, cast_for_inference
+from ..artifacts.atomic import atomic_write_text
+from ..sampling.progress import progress as progress_bar
 from .evaluate import CONTROL_METHODS, ORACLE_METHODS, PAPER_METHODS, Reuse, aggregate, error_correction, \
     sample_records, score_record
 from .cache_frontier import FrontierConfig, run_frontier

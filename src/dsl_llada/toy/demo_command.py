@@ -67,10 +67,10 @@ def run_demo(settings: DemoSettings) -> int:
     One demo per --out folder: the run holds `locks.output_lock` on it from before its first check to its end (a
     second demo on the folder is refused naming the first's PID). SIGTERM ends the run through the same clean-up
     as an error (exit code 143), so the lock and any half-written file are removed."""
-    from ..loading import auto_dtype
-    from ..locks import output_lock
-    from ..outputs import prepare_output_dir
-    from ..termination import terminate_raises
+    from ..core.loading import auto_dtype
+    from ..artifacts.locks import output_lock
+    from ..artifacts.outputs import prepare_output_dir
+    from ..runtime.termination import terminate_raises
 
     s = settings
     dtype = str(auto_dtype("cpu")).removeprefix("torch.") if s.dtype == "auto" else s.dtype

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..environment import environment_footer
+from ..runtime.environment import environment_footer
 from ..eval.report import markdown_table, pivot
 from .floor_report import excess_table
 from .verdicts import verdict_lines, verdicts

@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from ..backbones.base import Backbone
+from ..core.backbones.base import Backbone
 from ..config import ConfigBase, ConfigError
-from ..model import DSLModel
-from ..numerics import deterministic_algorithms
+from ..core.model import DSLModel
+from ..core.numerics import deterministic_algorithms
 from ..train.objectives import check_finite, get_objective
 from ..train.optim import group_parameters
-from ..progress import progress as progress_bar
+from ..sampling.progress import progress as progress_bar
 from .tasks import TaskExample, make_split, render_sft_example
 from .world import ToyWorld
 

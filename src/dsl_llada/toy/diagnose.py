@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone, Positions
+from ..core.backbones.base import Backbone, Positions
 from ..config import SDEConfig
-from ..converter import Converter
-from ..model import DSLModel
-from ..numerics import Workspace
+from ..core.converter import Converter
+from ..core.model import DSLModel
+from ..core.numerics import Workspace
 from ..sampling.batches import run_batch
 from ..sampling.registry import get_spec, sampler_config
 from ..snr import snr_schedule

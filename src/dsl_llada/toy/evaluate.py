@@ -15,8 +15,8 @@ import torch
 from ..config import REMDM, RemaskConfig
 from ..eval import metrics as M
 from ..eval.fix_clean import aggregate_fix_clean, fix_clean_records
-from ..backbones.base import Backbone
-from ..model import DSLModel
+from ..core.backbones.base import Backbone
+from ..core.model import DSLModel
 from ..sampling.batches import RowResult, run_batches
 from ..sampling.common import SampleOutput
 from ..sampling.remask import fewest_equivalent_steps

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ..backbones.base import Backbone, SpecialTokens
-from ..model import DSLModel
+from ..core.backbones.base import Backbone, SpecialTokens
+from ..core.model import DSLModel
 from .bayes_floor import DSL_SNRS, MASK_RATES, dsl_curve, dsl_excess, mdm_curve
 from .demo_train import longest_prompt, sft_tensors
 from .tasks import make_split
@@ -63,7 +63,7 @@ def plot_excess(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..figures import save_figure
+    from ..artifacts.figures import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, kind, xlabel in ((axes[0], "dsl", "SNR γ (per sequence)"), (axes[1], "mdm", "mask rate")):

@@ -21,8 +21,8 @@ from typing import Any
 
 from ..eval.report import markdown_table
 from ..stats import format_interval, separated
-from ..atomic import atomic_write_text
-from ..figures import save_figure
+from ..artifacts.atomic import atomic_write_text
+from ..artifacts.figures import save_figure
 from .cache_frontier import FAMILIES, REFERENCE_OF, SAMPLERS, FrontierConfig, is_exact, is_reference
 
 QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"),

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone, Positions, SpecialTokens, select_positions
+from ..core.backbones.base import Backbone, Positions, SpecialTokens, select_positions
 from ..config import ConverterConfig, DSLConfig
-from ..model import DSLModel
+from ..core.model import DSLModel
 from . import words as W
 from .pfsa import Pfsa
 from .tasks import open_prompts, summary_machine

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..atomic import dir_mode
+from ..artifacts.atomic import dir_mode
 
 __all__ = ["COMPARISON_FILES", "FRONTIER_FILES", "MANIFEST", "SWEEP_FILES", "claimed_files", "new_run_id",
            "remove_stale_stages", "staged_files"]

@@ -14,11 +14,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..backbones.base import SpecialTokens
-from ..backbones.llada import LLaDABackbone
+from ..core.backbones.base import SpecialTokens
+from ..core.backbones.llada import LLaDABackbone
 from ..errors import CheckpointError
-from ..loading import open_model
-from ..model_source import ModelSource
+from ..core.loading import open_model
+from ..core.model_source import ModelSource
 
 __all__ = ["load_pretrained", "recipe", "shipped_dir"]
 

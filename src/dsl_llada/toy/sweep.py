@@ -24,14 +24,14 @@ from typing import Any
 import torch
 
 from ..config import ConfigBase, ConfigError, SDEConfig, eta_for_nfe
-from ..fingerprints import sampling_key
+from ..artifacts.fingerprints import sampling_key
 from ..eval.report import markdown_table
-from ..model import DSLModel
+from ..core.model import DSLModel
 from ..sampling.sde import inference_beta
-from .. import jsonl_log
-from ..atomic import atomic_write_text
-from ..figures import save_figure
-from ..progress import progress as progress_bar
+from ..artifacts import jsonl_log
+from ..artifacts.atomic import atomic_write_text
+from ..artifacts.figures import save_figure
+from ..sampling.progress import progress as progress_bar
 from .evaluate import aggregate, sample_records, score_record
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from ..backbones.base import SpecialTokens
+from ..core.backbones.base import SpecialTokens
 from . import words as W
 from .tasks import CHAT_TEMPLATE
 from .world import ToyWorld

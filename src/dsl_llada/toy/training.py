@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from ..backbones.base import Backbone, SpecialTokens
+from ..core.backbones.base import Backbone, SpecialTokens
 from ..config import ConfigError, _check
-from ..model import DSLModel
+from ..core.model import DSLModel
 from ..train.monitor import eval_mode
 from ..train.toy_config import ToyWorldData
 from ..train.train_config import TrainConfig

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone
+from ..core.backbones.base import Backbone
 from ..config import ConfigError
-from ..model import DSLModel
+from ..core.model import DSLModel
 from .checkpointing import MODEL_PREFIX, load_tree, save_tree
 from .components import ObjectiveModule, configure_deepspeed, shard_fsdp2
 from .train_config import TrainConfig

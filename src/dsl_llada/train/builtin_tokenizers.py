@@ -10,7 +10,7 @@ Both encode exactly as the trainer's own encoders (`components.resolve_tokenizer
 
 from __future__ import annotations
 
-from ..backbones.base import SpecialTokens
+from ..core.backbones.base import SpecialTokens
 
 __all__ = ["builtin_tokenizer"]
 

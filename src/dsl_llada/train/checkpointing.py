@@ -7,7 +7,7 @@ Layout of ``output_dir/checkpoint-{step}/``::
     trainer_state/
         state.json          step, world size, parameter-group names and sizes, tokens seen, format version
         train_config.json   the full TrainConfig
-        environment.json    where it was written (`dsl_llada.environment`: versions, git commit, CPU/GPU, threads,
+        environment.json    where it was written (`dsl_llada.runtime.environment`: versions, git commit, CPU/GPU, threads,
                             seeds, load average)
         optimizer.{json,safetensors}, scheduler.json   (rank 0; FSDP: gathered full state)
         rank-{r}.{json,safetensors}                    per process: RNG states (python, numpy, torch CPU/CUDA, the
@@ -37,13 +37,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, check_safetensors_header, \
+from ..core.checkpoint import DEFAULT_MAX_SHARD_BYTES, INDEX_NAME, TOKENIZER_FILES, WEIGHTS_NAME, check_safetensors_header, \
     checkpoint_files, copy_tokenizer_files, save_tensors_file, write_safetensors
-from ..backbones.base import Backbone
-from ..environment import environment_record, finish_record
+from ..core.backbones.base import Backbone
+from ..runtime.environment import environment_record, finish_record
 from ..errors import CheckpointError
-from ..model import DSLModel
-from ..atomic import atomic_write_text
+from ..core.model import DSLModel
+from ..artifacts.atomic import atomic_write_text
 
 logger = logging.getLogger("dsl_llada.train")
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone, SpecialTokens
-from ..backbones.llada import LLaDABackbone, LLaDAConfig
-from ..loading import is_dsl_checkpoint, load_model
+from ..core.backbones.base import Backbone, SpecialTokens
+from ..core.backbones.llada import LLaDABackbone, LLaDAConfig
+from ..core.loading import is_dsl_checkpoint, load_model
 from ..config import ConfigError
-from ..model import DSLModel
+from ..core.model import DSLModel
 from .train_config import SCRATCH, SPECIAL_TOKENIZERS, TrainConfig
 from .objectives import ObjectiveOutput
 
@@ -204,7 +204,7 @@ def resolve_tokenizer(config: TrainConfig, fallback_dir: Path | None) -> tuple[A
     if folder is None:
         raise ConfigError("no tokenizer: set `tokenizer` to a tokenizer folder, 'bytes' or 'ids' (init_from='scratch' "
                           "has no tokenizer files)")
-    from ..loading import load_tokenizer
+    from ..core.loading import load_tokenizer
 
     return load_tokenizer(folder, chat_template=False), folder
 

@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..backbones.base import Backbone
-from ..backbones.base import model_device as _device
-from ..converter import noisy_states
-from ..model import DSLModel
+from ..core.backbones.base import Backbone
+from ..core.backbones.base import model_device as _device
+from ..core.converter import noisy_states
+from ..core.model import DSLModel
 from .objectives import eligible_positions, require_dsl
 
 __all__ = ["clean_eval", "converter_stats", "default_gamma_max", "effective_rank", "eval_mode", "fixed_snr_eval",

@@ -32,7 +32,7 @@ DSL (paper §3.1, Algorithm 1)
 MDM-CPT
     Per sequence t ~ U(0, 1), p = (1 − ε) t + ε; each eligible token masked iid with probability p (the backbone's
     own MASK id); logits through the discrete path; loss Σ_masked CE / p, normalised as above (LLaDA's pretraining
-    loss). Works on a bare :class:`~dsl_llada.backbones.base.Backbone` or a :class:`~dsl_llada.model.DSLModel`.
+    loss). Works on a bare :class:`~dsl_llada.core.backbones.base.Backbone` or a :class:`~dsl_llada.core.model.DSLModel`.
 
 XDLM
     Per sequence α_t = 1 − ((1 − ε) t + ε); per token u ~ U(0, 1): keep if u < α_t, uniformly random id if
@@ -55,10 +55,10 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import Backbone
+from ..core.backbones.base import Backbone
 from ..config import ConfigBase, ConfigError, SNRConfig
-from ..converter import noisy_states
-from ..model import DSLModel
+from ..core.converter import noisy_states
+from ..core.model import DSLModel
 from ..snr import sample_training_snr
 
 __all__ = [

@@ -26,9 +26,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone
+from ..core.backbones.base import Backbone
 from ..config import ConfigError
-from ..model import DSLModel
+from ..core.model import DSLModel
 from .train_config import TrainConfig
 
 logger = logging.getLogger("dsl_llada.train")

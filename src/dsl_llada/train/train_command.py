@@ -46,9 +46,9 @@ def run_train(settings: TrainSettings) -> int:
     config, data or an output_dir in use raises before training."""
     import contextlib
 
-    from ..locks import output_lock
-    from ..outputs import prepare_output_dir
-    from ..termination import Terminated, terminate_raises
+    from ..artifacts.locks import output_lock
+    from ..artifacts.outputs import prepare_output_dir
+    from ..runtime.termination import Terminated, terminate_raises
     from .trainer import TrainingDiverged, train
 
     config = settings.config

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone
+from ..core.backbones.base import Backbone
 from ..config import ConfigError
-from ..model import DSLModel
-from ..atomic import atomic_write_text
+from ..core.model import DSLModel
+from ..artifacts.atomic import atomic_write_text
 from . import checkpointing as ckpt
 from . import monitor
 from .backends import Backend, make_backend

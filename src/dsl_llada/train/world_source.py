@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..backbones.base import SpecialTokens
+from ..core.backbones.base import SpecialTokens
 from ..config import ConfigError
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from ..samples import (
     row_id,
     sliced,
 )
-from ...figures import save_figure
+from ...artifacts.figures import save_figure
 from .task import SummaryContext, TaskSummary, usable_paths
 
 KINDS = {"semantic": ("semantic",), "benchmark": ("benchmark",), "noisy-edit": ("noisy", "edit"),

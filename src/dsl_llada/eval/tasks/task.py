@@ -96,7 +96,7 @@ def seed_values(recs: list[dict[str, Any]],
 
 def is_dsl_folder(path: str) -> bool:
     """Whether a model folder is a DSL checkpoint (has the noise embedding), without loading it."""
-    from ...loading import is_dsl_checkpoint
+    from ...core.loading import is_dsl_checkpoint
 
     try:
         return is_dsl_checkpoint(path)

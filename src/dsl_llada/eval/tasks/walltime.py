@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...figures import save_figure
+from ...artifacts.figures import save_figure
 from ..eval_config import DatasetSpec
 from ..samples import Sample
 from .generation import GenerationTask

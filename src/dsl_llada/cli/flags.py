@@ -19,7 +19,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from .model_source import MODEL_FLAGS, ModelSource
+from ..core.model_source import MODEL_FLAGS, ModelSource
 
 __all__ = ["add_config_args", "add_model_source_args", "config_from_args", "field_docs", "flag_name", "given_config_fields",
            "given_fields", "model_source_from_args"]

@@ -19,8 +19,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .errors import CheckpointError
-from .atomic import file_mode
+from ..errors import CheckpointError
+from ..artifacts.atomic import file_mode
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"

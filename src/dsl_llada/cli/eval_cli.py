@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .eval_config import SCORING_MODES
+from ..eval.eval_config import SCORING_MODES
 
 EPILOG = """\
 overrides are dotted EvalConfig keys; list elements by name or index, e.g.
@@ -67,8 +67,8 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_eval_run(a: argparse.Namespace) -> int:
     """Parse the flags and the config into EvalRunSettings and run the library's `run_eval_command`."""
-    from .eval_command import EvalRunSettings, run_eval_command
-    from .eval_config import load_eval_config
+    from ..eval.eval_command import EvalRunSettings, run_eval_command
+    from ..eval.eval_config import load_eval_config
 
     cfg = load_eval_config(a.config, a.overrides)
     if a.print_config:
@@ -82,6 +82,6 @@ def cmd_eval_run(a: argparse.Namespace) -> int:
 
 def cmd_eval_report(a: argparse.Namespace) -> int:
     """Parse the flags into EvalReportSettings and run the library's `run_eval_report`."""
-    from .eval_command import EvalReportSettings, run_eval_report
+    from ..eval.eval_command import EvalReportSettings, run_eval_report
 
     return run_eval_report(EvalReportSettings(a.run_dir, mode=a.mode))

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .termination import terminate_raises
+from ..runtime.termination import terminate_raises
 
 
 def current_umask() -> int:
@@ -129,7 +129,7 @@ def _fill_and_rename(path: Path) -> Iterator[Path]:
 def stale_temp_folders(path: str | Path) -> list[Path]:
     """Temp folders `atomic_directory(path)` leaves next to `path` when its process dies (kill -9, power loss):
     ``.NAME.XXXXXXXX.tmp`` and ``.NAME.old``. Only meaningful while the caller holds `path`'s lock
-    (`dsl_llada.locks.output_lock`): then no live writer owns them."""
+    (`dsl_llada.artifacts.locks.output_lock`): then no live writer owns them."""
     path = Path(os.path.abspath(path))
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.([A-Za-z0-9_]{{8}}\.tmp|old)$")
     if not path.parent.is_dir():

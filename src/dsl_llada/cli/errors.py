@@ -7,7 +7,7 @@ import errno
 from collections.abc import Callable
 from typing import Any
 
-from .termination import Terminated
+from ..runtime.termination import Terminated
 
 
 _DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",

@@ -25,7 +25,7 @@ import torch
 
 from . import allocator, openmp
 from .openmp import MAX_THREADS, check_threads
-from .version import __version__
+from ..version import __version__
 
 __all__ = ["MAX_THREADS", "cpu_flags", "cpu_model", "default_threads", "environment_footer", "environment_record",
            "finish_record", "git_state",

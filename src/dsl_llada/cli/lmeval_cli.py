@@ -7,7 +7,7 @@ import argparse
 
 
 def add_lmeval_parser(sub) -> argparse.ArgumentParser:
-    from ..cli_config import add_model_source_args
+    from .flags import add_model_source_args
     from ..sampling.registry import SAMPLERS, sampler_help
 
     p = sub.add_parser("lm-eval", help="run lm-evaluation-harness tasks through this project's samplers",
@@ -34,8 +34,8 @@ def add_lmeval_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_lmeval(a: argparse.Namespace) -> int:
     """Parse the flags into LmEvalSettings and run the library's `run_lm_eval`."""
-    from ..cli_config import model_source_from_args
-    from .lmeval_command import LmEvalSettings, run_lm_eval
+    from .flags import model_source_from_args
+    from ..eval.lmeval_command import LmEvalSettings, run_lm_eval
 
     fields = {}
     for item in a.sampler_arg:

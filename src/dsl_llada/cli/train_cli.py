@@ -52,8 +52,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Parse the preset and overrides into TrainSettings and run the library's `run_train`."""
-    from .train_command import TrainSettings, os_rank, run_train
-    from .train_config import load_train_config
+    from ..train.train_command import TrainSettings, os_rank, run_train
+    from ..train.train_config import load_train_config
 
     if os_rank() != 0:  # one process logs the run
         logging.getLogger().setLevel(logging.WARNING)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ConverterConfig
+from ..config import ConverterConfig
 from .numerics import Workspace, denormals_flushed
 
 

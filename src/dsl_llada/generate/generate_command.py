@@ -1,8 +1,8 @@
 """`dsl-llada generate` as a library call: `run_generate(GenerateSettings(...))` does what the command does (read
 the prompts, open the model, sample, append the records to `output`, resume it), so a notebook runs the same job:
 
-    from dsl_llada.generate_command import GenerateSettings, run_generate
-    from dsl_llada.model_source import ModelSource
+    from dsl_llada.generate.generate_command import GenerateSettings, run_generate
+    from dsl_llada.core.model_source import ModelSource
     from dsl_llada.config import SDEConfig
     run_generate(GenerateSettings(ModelSource(path="ckpt"), SDEConfig(nfe=64), prompts=("Hello",)))
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .loading import ModelHandle, check_prompt_chars, check_prompt_lengths, check_prompt_texts, encode_prompt, \
+from ..core.loading import ModelHandle, check_prompt_chars, check_prompt_lengths, check_prompt_texts, encode_prompt, \
     open_model, read_prompts, resolve_source
-from .model_source import ModelSource
-from .records import RecordFile
-from .sampling.dispatch import SamplerConfig
-from .termination import Terminated, terminate_raises
+from ..core.model_source import ModelSource
+from ..artifacts.records import RecordFile
+from ..sampling.dispatch import SamplerConfig
+from ..runtime.termination import Terminated, terminate_raises
 
 __all__ = ["BATCHING", "GenerateSettings", "print_record", "run_generate"]
 
@@ -120,7 +120,7 @@ def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]],
     source = resolve_source(settings.source)
     out = None
     if settings.output:  # locked and checked before the model is loaded: nothing is written yet
-        from .environment import environment_record
+        from ..runtime.environment import environment_record
 
         # an output written before a sampler field existed resumes while that field is at its default
         out = RecordFile.open(settings.output, _record_settings(settings, source, prompts), overwrite=settings.overwrite,

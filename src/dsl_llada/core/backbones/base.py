@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigBase
-from ..errors import CheckpointError
+from ...config import ConfigBase
+from ...errors import CheckpointError
 
 __all__ = ["END_OF_TURN_SPELLINGS", "Backbone", "CheckpointError", "KVCache", "Positions", "SpecialTokens",
            "context_limit", "model_device", "padding_to_additive_mask"]

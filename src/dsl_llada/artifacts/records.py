@@ -238,7 +238,7 @@ class RecordFile:
         when it is not already so; then close."""
         try:
             if self.environment is not None and "load_average_end" not in self.environment:
-                from .environment import finish_record
+                from ..runtime.environment import finish_record
 
                 self.environment = finish_record(self.environment)
                 key = "resumed_environments" if "resumed_environments" in self._stored else "environment"

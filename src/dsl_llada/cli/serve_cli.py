@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .settings import RAY_INSTALL, SERVE_PORT, UI_PORT
+from ..serve.settings import RAY_INSTALL, SERVE_PORT, UI_PORT
 
 if TYPE_CHECKING:
-    from .ray_deploy import RayServeSettings
-    from .server import ServeSettings
+    from ..serve.ray_deploy import RayServeSettings
+    from ..serve.server import ServeSettings
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
@@ -34,7 +34,7 @@ TOY_MODEL_HELP = ("checkpoint folder (a DSL checkpoint or a bare backbone); defa
 
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) -> None:
     """The model flags (ModelSource's), the address and the port."""
-    from ..cli_config import add_model_source_args
+    from .flags import add_model_source_args
 
     add_model_source_args(p, required=required, path_help=None if required else TOY_MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
@@ -44,8 +44,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool, port: int) ->
 def _add_serve_options(s: argparse.ArgumentParser, *, ui: bool) -> None:
     """The options of `serve` (and of `ray-serve`, where each replica serves with them): the model, the address,
     batching, the API key, the request limits and shutdown; `--ui` only when `ui`."""
-    from ..cli_config import add_config_args
-    from .settings import ServerConfig
+    from .flags import add_config_args
+    from ..serve.settings import ServerConfig
 
     _add_model_args(s, required=True, port=SERVE_PORT)
     s.add_argument("--served-model-name", default=None, help="model id in the API (default: the folder name)")
@@ -102,8 +102,8 @@ def add_serve_parser(sub: Any) -> None:
 
 def add_ray_serve_args(p: argparse.ArgumentParser) -> None:
     """`ray-serve`'s options: `serve`'s (but --ui), the replicas (RayConfig's fields), and the Ray instance."""
-    from ..cli_config import add_config_args, field_docs
-    from .ray_deploy import RayConfig
+    from .flags import add_config_args, field_docs
+    from ..serve.ray_deploy import RayConfig
 
     _add_serve_options(p, ui=False)
     docs = field_docs(RayConfig)  # the optional ones say their default in words
@@ -125,10 +125,10 @@ LIMIT_FLAGS = ("max_nfe", "max_steps", "max_tokens", "max_prompt_tokens", "max_b
 
 def serve_settings(a: argparse.Namespace) -> ServeSettings:
     """The ServeSettings of `serve`'s parsed flags (the API key read from --api-key-file here, where it enters)."""
-    from ..cli_config import config_from_args
-    from ..cli_config import model_source_from_args
-    from .server import ServeSettings
-    from .settings import ServerConfig
+    from .flags import config_from_args
+    from .flags import model_source_from_args
+    from ..serve.server import ServeSettings
+    from ..serve.settings import ServerConfig
 
     server = config_from_args(ServerConfig, a)
     api_key = a.api_key
@@ -144,28 +144,28 @@ def serve_settings(a: argparse.Namespace) -> ServeSettings:
 
 def ray_serve_settings(a: argparse.Namespace) -> RayServeSettings:
     """The RayServeSettings of `ray-serve`'s parsed flags."""
-    from ..cli_config import config_from_args
-    from .ray_deploy import RayConfig, RayServeSettings
+    from .flags import config_from_args
+    from ..serve.ray_deploy import RayConfig, RayServeSettings
 
     return RayServeSettings(serve=serve_settings(a), ray=config_from_args(RayConfig, a), address=a.ray_address,
                             temp_dir=a.ray_temp_dir)
 
 
 def cmd_ray_serve(a: argparse.Namespace) -> int:
-    from .ray_deploy import import_ray, run_ray_serve
+    from ..serve.ray_deploy import import_ray, run_ray_serve
 
     import_ray()  # before anything else: without Ray, the one line that says how to install it
     return run_ray_serve(ray_serve_settings(a))
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from .server import run_serve
+    from ..serve.server import run_serve
 
     return run_serve(serve_settings(a))
 
 
 def cmd_ui(a: argparse.Namespace) -> int:
-    from ..cli_config import model_source_from_args
-    from .server import UISettings, run_ui
+    from .flags import model_source_from_args
+    from ..serve.server import UISettings, run_ui
 
     return run_ui(UISettings(source=model_source_from_args(a), host=a.host, port=a.port, toy_dir=a.toy_dir))

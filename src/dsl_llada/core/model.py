@@ -21,11 +21,11 @@ from .backbones import load_backbone
 from .backbones.base import Backbone, Positions, SpecialTokens
 from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenizer_files, read_json, read_tensors, \
     write_safetensors
-from .config import ConverterConfig, DSLConfig
+from ..config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
 from .numerics import Workspace
-from .errors import CheckpointError
-from .atomic import atomic_directory
+from ..errors import CheckpointError
+from ..artifacts.atomic import atomic_directory
 
 DSL_CONFIG_NAME = "dsl_config.json"
 DSL_PREFIXES = ("noise_embed.", "converter.", "log_snr_max")

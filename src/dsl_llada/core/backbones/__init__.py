@@ -108,7 +108,7 @@ def save_backbone(backbone: Backbone, folder: str | Path, *, max_shard_bytes: in
     import json
 
     from ..checkpoint import DEFAULT_MAX_SHARD_BYTES, write_safetensors
-    from ..atomic import atomic_directory
+    from ...artifacts.atomic import atomic_directory
 
     folder = Path(folder)
     with atomic_directory(folder) as tmp:

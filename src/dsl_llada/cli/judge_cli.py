@@ -52,8 +52,8 @@ def add_judge_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_judge(a: argparse.Namespace) -> int:
     """Parse the flags (and the judge prompt file) into JudgeSettings and run the library's `run_judge`."""
-    from .judge import JudgeConfig
-    from .judge_command import JudgeBackendSettings, JudgeSettings, load_prompt_file, run_judge
+    from ..eval.judge import JudgeConfig
+    from ..eval.judge_command import JudgeBackendSettings, JudgeSettings, load_prompt_file, run_judge
 
     system, user = load_prompt_file(a.judge_prompt_file) if a.judge_prompt_file else (None, None)
     config = JudgeConfig(n=a.n, seed=a.seed, both_orders=a.both_orders, include_source=a.include_source,

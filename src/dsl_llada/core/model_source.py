@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from .config import ConfigBase, _check
-from .environment import MAX_THREADS
+from ..config import ConfigBase, _check
+from ..runtime.environment import MAX_THREADS
 
 __all__ = ["DTYPE_NAMES", "MODEL_FLAGS", "ModelSource"]
 

@@ -61,7 +61,7 @@ def folder_fingerprints(model: str | Path, tokenizer: str | Path | None = None) 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """Package version + hash of the source of `CODE_PARTS` (the code that decides sampled tokens)."""
-    from . import __version__
+    from .. import __version__
 
     root = Path(__file__).resolve().parent
     files = [p for part in CODE_PARTS for p in ((root / part).rglob("*.py") if (root / part).is_dir() else [root / part])

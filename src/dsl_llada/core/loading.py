@@ -21,7 +21,7 @@ import torch
 from .backbones import load_backbone
 from .backbones.base import END_OF_TURN_SPELLINGS, Backbone, CheckpointError, SpecialTokens, context_limit
 from .checkpoint import checkpoint_files
-from .environment import has_native_bf16
+from ..runtime.environment import has_native_bf16
 from .model import DSL_PREFIXES, DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
 from .text import not_text
@@ -279,7 +279,7 @@ def open_model(source: ModelSource, *, chat_template: bool = True, backbone_only
     a backbone has; the toy world's shipped model has its tokenizer built from the world)."""
     source = resolve_source(source)
     if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
-        from .environment import set_threads
+        from ..runtime.environment import set_threads
 
         set_threads(source.threads)
     path = cast(str, source.path)

@@ -1,6 +1,6 @@
 """Text in, text out: run prompts through the batch runner (`sampling.batches`) and decode the responses.
 
-This is the library behind `dsl-llada generate`; loading models, tokenizers and prompts is `dsl_llada.loading`, the
+This is the library behind `dsl-llada generate`; loading models, tokenizers and prompts is `dsl_llada.core.loading`, the
 samplers themselves live in `dsl_llada.sampling`.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from .backbones.base import Backbone
-from .loading import check_prompt_texts, encode_prompt
-from .model import DSLModel
-from .sampling.batches import RowResult, engine_runs, run_batches, run_continuous
-from .sampling.common import PromptBatch, SampleOutput, StepCallback
-from .sampling.dispatch import SAMPLERS, SamplerConfig, sample
-from .sampling.guards import NonFiniteLogitsError
-from .atomic import atomic_write_text
+from ..core.backbones.base import Backbone
+from ..core.loading import check_prompt_texts, encode_prompt
+from ..core.model import DSLModel
+from ..sampling.batches import RowResult, engine_runs, run_batches, run_continuous
+from ..sampling.common import PromptBatch, SampleOutput, StepCallback
+from ..sampling.dispatch import SAMPLERS, SamplerConfig, sample
+from ..sampling.guards import NonFiniteLogitsError
+from ..artifacts.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .allocator import keep_large_buffers
-from .openmp import set_wait_defaults
+from ..runtime.allocator import keep_large_buffers
+from ..runtime.openmp import set_wait_defaults
 
 # OpenMP reads how its threads wait once, when torch loads it, so it is set here, before any torch import: a bounded
 # spin, then sleep (`openmp.py`). Large buffers are kept between sampler calls instead of page-faulting in afresh
@@ -17,18 +17,18 @@ from .openmp import set_wait_defaults
 set_wait_defaults(os.environ)
 keep_large_buffers(os.environ)
 
-from . import __version__  # noqa: E402
-from .cli_errors import run_cli_command  # noqa: E402
+from .. import __version__  # noqa: E402
+from .errors import run_cli_command  # noqa: E402
 
 if TYPE_CHECKING:
-    from .config import DSLConfig
-    from .sampling.dispatch import SamplerConfig
+    from ..config import DSLConfig
+    from ..sampling.dispatch import SamplerConfig
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     """`--sampler` and one flag per field of the samplers' configs, all from the registry."""
-    from .cli_config import add_config_args
-    from .sampling.registry import REGISTRY, SAMPLERS, sampler_help
+    from .flags import add_config_args
+    from ..sampling.registry import REGISTRY, SAMPLERS, sampler_help
 
     classes: dict[type, list[str]] = {}
     for spec in REGISTRY.values():
@@ -44,8 +44,8 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
 
 def _add_convert_args(p: argparse.ArgumentParser) -> None:
     """`convert`'s model flags, one per field of ConverterConfig and DSLConfig (defaults are the dataclasses')."""
-    from .cli_config import add_config_args
-    from .config import ConverterConfig, DSLConfig
+    from .flags import add_config_args
+    from ..config import ConverterConfig, DSLConfig
 
     g = p.add_argument_group("DSL model", "the converter and noise embedding of the new checkpoint (dsl_config.json)")
     add_config_args(g, (ConverterConfig, "converter"), negative_aliases={"trainable_noise_embed": "--frozen-noise-embed"},
@@ -55,8 +55,8 @@ def _add_convert_args(p: argparse.ArgumentParser) -> None:
 
 def _sampler_config(a: argparse.Namespace) -> SamplerConfig:
     """The config of `--sampler` and its flags, through the registry's parser (errors name the flag)."""
-    from .cli_config import flag_name, given_config_fields
-    from .sampling.registry import REGISTRY, SamplerSettingError, get_spec, sampler_config
+    from .flags import flag_name, given_config_fields
+    from ..sampling.registry import REGISTRY, SamplerSettingError, get_spec, sampler_config
 
     spec = get_spec(a.sampler)
     given = given_config_fields(spec.config_class, a, others={s.config_class for s in REGISTRY.values()})
@@ -68,8 +68,8 @@ def _sampler_config(a: argparse.Namespace) -> SamplerConfig:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     """Parse the flags into GenerateSettings and run the library's `run_generate`."""
-    from .generate_command import GenerateSettings, run_generate
-    from .cli_config import model_source_from_args
+    from ..generate.generate_command import GenerateSettings, run_generate
+    from .flags import model_source_from_args
 
     settings = GenerateSettings(
         source=model_source_from_args(a), config=_sampler_config(a), prompts=tuple(a.prompt or ()),
@@ -81,15 +81,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def _convert_config(a: argparse.Namespace) -> DSLConfig:
     """The DSL config of `convert`: ConverterConfig's and DSLConfig's flags (generated from the dataclasses)."""
-    from .cli_config import config_from_args, given_fields
-    from .config import ConverterConfig, DSLConfig
+    from .flags import config_from_args, given_fields
+    from ..config import ConverterConfig, DSLConfig
 
     return DSLConfig(converter=config_from_args(ConverterConfig, a), **given_fields(DSLConfig, a))
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
     """Parse the flags into ConvertSettings and run the library's `run_convert`."""
-    from .convert_command import ConvertSettings, run_convert
+    from ..core.convert_command import ConvertSettings, run_convert
 
     return run_convert(ConvertSettings(backbone=a.backbone, output=a.output, config=_convert_config(a), dtype=a.dtype,
                                        overwrite=a.overwrite, allow_download=a.allow_download, dry_run=a.dry_run))
@@ -97,7 +97,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """Parse the flags into DemoSettings and run the library's `run_demo`."""
-    from .toy.demo_command import DemoSettings, run_demo
+    from ..toy.demo_command import DemoSettings, run_demo
 
     return run_demo(DemoSettings(out=a.out, quick=a.quick, controls=a.controls, from_scratch=a.from_scratch,
                                  seed=a.seed, dtype=a.dtype, seeds=a.seeds, sweep=a.sweep,
@@ -108,8 +108,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def _cmd_train(a: argparse.Namespace) -> int:
     """`dsl-llada train`: the toy world registered as the source of `data.toy_world` / `eval_bayes_floor`, then the
     training command."""
-    from .toy.training import register
-    from .train.train_cli import cmd_train
+    from ..toy.training import register
+    from .train_cli import cmd_train
 
     register()
     return cmd_train(a)
@@ -120,7 +120,7 @@ COMPUTING = ("generate", "convert", "demo", "train", "eval run", "serve", "ray-s
 
 
 def _threads(text: str) -> int:
-    from .environment import MAX_THREADS
+    from ..runtime.environment import MAX_THREADS
 
     try:
         n = int(text)
@@ -146,8 +146,8 @@ def add_threads_args(parser: argparse.ArgumentParser, names: tuple[str, ...] = C
 
 def _add_generate_parser(sub: Any) -> None:
     """`generate`: the model flags (ModelSource), prompts, output and the sampler flags."""
-    from .cli_config import add_model_source_args
-    from .generate_command import BATCHING
+    from .flags import add_model_source_args
+    from ..generate.generate_command import BATCHING
 
     g = sub.add_parser("generate", help="sample responses from a DSL checkpoint or a backbone")
     add_model_source_args(g)
@@ -240,18 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_parser(sub)
 
     try:
-        from .train.train_cli import add_train_parser
+        from .train_cli import add_train_parser
     except ImportError:
         pass
     else:
         add_train_parser(sub).set_defaults(func=_cmd_train)
-    from .eval.eval_cli import add_eval_parser
+    from .eval_cli import add_eval_parser
 
     add_eval_parser(sub)
-    from .serve.serve_cli import add_serve_parser
+    from .serve_cli import add_serve_parser
 
     add_serve_parser(sub)
-    from .eval.lmeval_cli import add_lmeval_parser
+    from .lmeval_cli import add_lmeval_parser
 
     add_lmeval_parser(sub)
     add_threads_args(p)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if hasattr(args, "threads"):
-        from .environment import set_threads
+        from ..runtime.environment import set_threads
 
         set_threads(args.threads)
     return run_cli_command(args.func, args, interrupted=getattr(args, "interrupted", INTERRUPTED))

@@ -3,7 +3,7 @@
 Every command that writes a folder calls `prepare_output_dir` first (convert, train's output_dir, demo --out;
 eval should too):
 
-    from dsl_llada.outputs import prepare_output_dir
+    from dsl_llada.artifacts.outputs import prepare_output_dir
     prepare_output_dir(a.output, overwrite=a.overwrite, sources=[a.backbone], kind="checkpoint")          # replaces
     prepare_output_dir(config.output_dir, overwrite=False, kind="training run", reuse=True)              # continues
 

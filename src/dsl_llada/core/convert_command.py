@@ -1,7 +1,7 @@
 """`dsl-llada convert` as a library call: `run_convert(ConvertSettings(...))` makes a fresh DSL checkpoint from a
 backbone folder (or, with `dry_run`, prints the weight memory it would need and writes nothing):
 
-    from dsl_llada.convert_command import ConvertSettings, run_convert
+    from dsl_llada.core.convert_command import ConvertSettings, run_convert
     from dsl_llada.config import ConverterConfig, DSLConfig
     run_convert(ConvertSettings("LLaDA-8B-Instruct", "dsl-ckpt", DSLConfig(converter=ConverterConfig(noise_dim=100))))
 
@@ -16,8 +16,8 @@ from typing import cast
 from pathlib import Path
 
 from .backbones.base import Backbone
-from .config import DSLConfig
-from .errors import CheckpointError
+from ..config import DSLConfig
+from ..errors import CheckpointError
 from .loading import check_tokenizer_files, is_dsl_checkpoint, open_model, parse_dtype
 from .model_source import DTypeName, ModelSource
 
@@ -64,10 +64,10 @@ def run_convert(settings: ConvertSettings) -> int:
 
 def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> None:
     """Lock and check `output`, load the backbone, convert it and save the checkpoint with its tokenizer files."""
-    from .locks import output_lock
+    from ..artifacts.locks import output_lock
     from .model import DSLModel
-    from .outputs import prepare_output_dir
-    from .atomic import remove_stale_temp_folders
+    from ..artifacts.outputs import prepare_output_dir
+    from ..artifacts.atomic import remove_stale_temp_folders
 
     with output_lock(output, what="output folder"):  # one writer per output, before anything is written
         # a symbolic link to a folder is judged and written as the folder it names (the link itself is kept)

@@ -1,0 +1,1 @@
+"""What a command writes and reads back: atomic writes, output folders, records, locks, fingerprints."""

@@ -1,0 +1,1 @@
+"""The model core: backbones, the converter, `DSLModel`, checkpoints, quantization and the one loader."""
