@@ -16,8 +16,8 @@ from typing import Any
 __all__ = ["CODE_PARTS", "code_fingerprint", "files_fingerprint", "folder_fingerprints", "sampling_key",
            "tokenizer_fingerprint", "tokenizer_object_fingerprint", "weights_fingerprint"]
 
-CODE_PARTS = ("sampling", "backbones", "converter.py", "model.py", "snr.py", "numerics.py", "config.py",
-              "generation.py", "checkpoint.py", "loading.py")
+CODE_PARTS = ("sampling", "core/backbones", "core/converter.py", "core/model.py", "snr.py", "core/numerics.py", "config.py",
+              "generate/generation.py", "core/checkpoint.py", "core/loading.py")
 """The package parts that decide which tokens a sampler writes (a change elsewhere, e.g. the CLI or the reports,
 does not invalidate cached samples)."""
 
@@ -63,7 +63,7 @@ def code_fingerprint() -> str:
     """Package version + hash of the source of `CODE_PARTS` (the code that decides sampled tokens)."""
     from .. import __version__
 
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the package root: CODE_PARTS are relative to it
     files = [p for part in CODE_PARTS for p in ((root / part).rglob("*.py") if (root / part).is_dir() else [root / part])
              if p.is_file()]
     return f"{__version__}+{files_fingerprint(files, root)}"
