@@ -1,7 +1,7 @@
 """Where a model comes from and how it is opened: one settings dataclass, `ModelSource`, that every entry point
 shares (`generate`, `serve`, `ui`, an evaluation's `models` entries, `lm-eval`'s model_args and the library), so
 each offers the same options under the same names. Its command-line flags are generated from its fields
-(`cli_config.add_model_source_args`); `loading.open_model(source)` turns it into a loaded model handle.
+(`cli.flags.add_model_source_args`); `loading.open_model(source)` turns it into a loaded model handle.
 
     dsl-llada generate --model CKPT --assume-released ...     # a flag
     models: [{name: m, path: CKPT, assume_released: true}]     # an evaluation config entry
