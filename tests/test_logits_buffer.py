@@ -165,16 +165,16 @@ def test_block_logits_with_a_buffer_equals_fresh_and_zeroes_committed_columns(dt
 
 @pytest.mark.parametrize("shape,chunk_rows", [((2, 5, 64), 3), ((2, 5, 64), 64), ((1, 7, 33), 2)])
 def test_row_argmax_logsumexp_equals_the_whole_tensor_calls_bit_for_bit(monkeypatch, shape, chunk_rows):
-    """The greedy remasking step's argmax and logsumexp in one sweep over row chunks: the same values as the
+    """The greedy remasking step's argmax and float64 logsumexp in one sweep over row chunks: the same values as the
     whole-tensor calls, bit for bit, with banned (-inf) ids, ties and a NaN row (argmax of a NaN row: the NaN)."""
     rs = importlib.import_module("dsl_llada.sampling.remask_step")  # the module (the package exports the function)
-    monkeypatch.setattr(rs, "LSE_CHUNK_BYTES", chunk_rows * shape[-1] * 4)
+    monkeypatch.setattr(rs, "LSE_CHUNK_BYTES", chunk_rows * shape[-1] * 8)  # float64 rows
     x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[-1])) * 5
     x[..., 2] = float("-inf")
     x[0, 0, 5] = x[0, 0, 9] = 100.0  # a tie: the first index wins in both
     x[0, 1, 4] = float("nan")
     idx, lse = rs.row_argmax_logsumexp(x)
-    want_idx, want_lse = x.argmax(dim=-1), torch.logsumexp(x, dim=-1)
+    want_idx, want_lse = x.argmax(dim=-1), torch.logsumexp(x.double(), dim=-1)
     assert torch.equal(idx, want_idx) and int(idx[0, 0]) == 5 and int(idx[0, 1]) == 4
     assert torch.equal(lse.isnan(), want_lse.isnan()) and bool(lse[0, 1].isnan())
     assert torch.equal(torch.nan_to_num(lse), torch.nan_to_num(want_lse))

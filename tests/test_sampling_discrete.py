@@ -352,6 +352,25 @@ def test_remask_step_low_confidence_commits_the_quota_and_changes_no_input():
     assert not (last.tokens == 9).any()  # the block's last step resolves every remaining mask
 
 
+def test_confidence_is_the_float64_softmax_not_an_fp32_logsumexp_rounding():
+    """Two masked positions whose confidences differ by 4.3e-7 in float64: at logits near 36 a log-sum-exp rounded
+    to float32 (ulp 3.8e-6 there) gives both the same value, and the tie went to the lower position. The step must
+    commit the position LLaDA's float64 softmax ranks first (its top-k over softmax(logits.double()))."""
+    logits = torch.full((1, 2, 8), float("-inf"))  # id 7 plays [MASK]; every other id but 0, 1, 2 banned
+    logits[0, :, 0] = 36.0
+    logits[0, 0, 1] = 30.870037078857422  # exactly representable in float32, as is the next one
+    logits[0, 1, 2] = 30.869962692260742
+    p64 = torch.softmax(logits.double(), -1)[0, :, 0]
+    assert 4.3e-7 < float(p64[1] - p64[0]) < 4.4e-7  # position 1 is the more confident one
+    lse32 = torch.logsumexp(logits, -1).double()
+    assert float(lse32[0, 0]) == float(lse32[0, 1])  # the rounding this test guards against: a tie at 36 + 2^-18 k
+    cfg = RemaskConfig(steps=2, gen_length=2)
+    st = remask_step(logits, torch.tensor([[7, 7]]), torch.tensor([1]), block_step=0, steps_per_block=2, config=cfg,
+                     mask_id=7, rng=RowRNG(None, 1))
+    assert st.committed.tolist() == [[False, True]]
+    assert st.tokens.tolist() == [[7, 0]]
+
+
 def test_remask_step_remdm_remasks_inside_the_window_only():
     logits, block = _step_inputs()
     cfg = RemaskConfig(steps=4, gen_length=6, remdm=True, remdm_alpha_loop=0.1, remdm_t_on=0.9, remdm_t_off=0.1)
@@ -399,12 +418,12 @@ def test_silent_and_config_round_trip(model, capsys):
 
 @pytest.mark.parametrize("shape,chunk_rows", [((3, 7, 50), 4), ((2, 5, 33), 1), ((1, 3, 64), 8)])
 def test_row_logsumexp_chunks_rows_and_equals_logsumexp_bit_for_bit(monkeypatch, shape, chunk_rows):
-    """The remasking step's logsumexp runs over row chunks (bounded temporaries at batch 8); every row's value is
-    the whole-tensor logsumexp's, bit for bit, also with banned (-inf) ids and a NaN row."""
+    """The remasking step's float64 logsumexp runs over row chunks (bounded temporaries at batch 8); every row's
+    value is the whole-tensor float64 logsumexp's, bit for bit, also with banned (-inf) ids and a NaN row."""
     import importlib
 
     rs = importlib.import_module("dsl_llada.sampling.remask_step")
-    monkeypatch.setattr(rs, "LSE_CHUNK_BYTES", chunk_rows * shape[-1] * 4)
+    monkeypatch.setattr(rs, "LSE_CHUNK_BYTES", chunk_rows * shape[-1] * 8)  # float64 rows
     x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[-1])) * 5
     x[..., 2] = float("-inf")
     x[0, 1, 4] = float("nan")
@@ -414,6 +433,7 @@ def test_row_logsumexp_chunks_rows_and_equals_logsumexp_bit_for_bit(monkeypatch,
     got = rs.row_logsumexp(x)
     n_rows = shape[0] * shape[1]
     assert len(calls) == (1 if n_rows <= chunk_rows else -(-n_rows // chunk_rows))
-    want = real(x, dim=-1)
+    want = real(x.double(), dim=-1)
+    assert got.dtype == torch.float64
     assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan()) and bool(got[0, 1].isnan())
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))

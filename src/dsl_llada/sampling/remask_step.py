@@ -94,14 +94,19 @@ def _topk_mask(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 LSE_CHUNK_BYTES = 8 << 20
-"""`row_logsumexp` works on row chunks of at most this many bytes of logits."""
+"""`row_logsumexp` works on row chunks whose float64 copy is at most this many bytes."""
 
 
 def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """`torch.logsumexp(logits, -1)`, bit for bit (each row is reduced on its own), over chunks of rows whose
-    temporaries stay under `LSE_CHUNK_BYTES`: at batch 8 x V = 32k a whole-tensor logsumexp allocates ~67 MB
-    temporaries per step, which the allocator maps fresh (page faults) every time; small chunks reuse cached memory
-    (docs/benchmarks/cpu-sampling.md, *Batching*)."""
+    """`torch.logsumexp(logits.double(), -1)`, bit for bit (each row is reduced on its own), over chunks of rows whose
+    float64 copies stay under `LSE_CHUNK_BYTES`.
+
+    Float64 because the confidences exp(logit - logsumexp) must be LLaDA's float64 softmax: a log-sum-exp rounded
+    to float32 has an ulp of 3.8e-6 at 36, which quantises every confidence of such a row to that relative grid,
+    ties positions whose float64 confidences differ and reorders others (docs/samplers-discrete.md). Chunked because
+    at batch 8 x V = 32k a whole-tensor float64 copy is ~134 MB per step, which the allocator maps fresh (page faults)
+    every time; one chunk-sized buffer, reused for every chunk, stays in cache (docs/benchmarks/cpu-sampling.md,
+    *Batching*)."""
     return _row_sweep(logits, with_argmax=False)[1]
 
 
@@ -115,17 +120,23 @@ def row_argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _row_sweep(logits: torch.Tensor, *, with_argmax: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The last-dim argmax (when asked) and logsumexp of `logits`, over row chunks of at most `LSE_CHUNK_BYTES`."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = max(1, LSE_CHUNK_BYTES // max(1, logits.shape[-1] * logits.element_size()))
+    """The last-dim argmax of `logits` (when asked) and its float64 logsumexp, over row chunks whose float64 copy
+    is at most `LSE_CHUNK_BYTES`."""
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    rows = max(1, LSE_CHUNK_BYTES // max(1, V * 8))
     if flat.shape[0] <= rows:
-        return (logits.argmax(dim=-1) if with_argmax else None), torch.logsumexp(logits, dim=-1)
+        return (logits.argmax(dim=-1) if with_argmax else None), torch.logsumexp(logits.double(), dim=-1)
     idx = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device) if with_argmax else None
-    lse = torch.empty(flat.shape[0], dtype=logits.dtype, device=logits.device)
+    lse = torch.empty(flat.shape[0], dtype=torch.float64, device=logits.device)
+    chunk = torch.empty((rows, V), dtype=torch.float64, device=logits.device)
     for s in range(0, flat.shape[0], rows):
+        part = flat[s: s + rows]
         if idx is not None:
-            torch.argmax(flat[s: s + rows], dim=-1, out=idx[s: s + rows])
-        torch.logsumexp(flat[s: s + rows], dim=-1, out=lse[s: s + rows])
+            torch.argmax(part, dim=-1, out=idx[s: s + rows])
+        c = chunk[: part.shape[0]]
+        c.copy_(part)
+        torch.logsumexp(c, dim=-1, out=lse[s: s + rows])
     lead = logits.shape[:-1]
     return (None if idx is None else idx.view(lead)), lse.view(lead)
 
@@ -171,17 +182,16 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
     if T > 0:
         u = _uniform(rng, tuple(logits.shape), device)
         x0 = (logits.double() - T * torch.log(-torch.log(u))).argmax(dim=-1)
-        lse = row_logsumexp(logits).double()
+        lse = row_logsumexp(logits)  # float64
     else:
         x0, lse = row_argmax_logsumexp(logits)  # fp32 -> fp64 is exact, so this equals the float64 argmax
-        lse = lse.double()
     if bool(torch.isnan(lse).any()):  # NaN anywhere in a row's logits (-inf is a legitimate ban); O(B W) to check
         raise NonFiniteStateError(f"the logits became NaN at block step {i} with temperature={config.temperature!r}, "
                                   f"cfg_scale={config.cfg_scale!r}: the model's weights are damaged, or the guidance "
                                   f"left float32's range (lower cfg_scale); a NaN row would decode as token 0")
 
     def probs(idx: torch.Tensor) -> torch.Tensor:
-        """softmax(logits)[idx] in float64, computed only at the gathered ids."""
+        """softmax(logits.double())[idx], computed only at the gathered ids (float64 logit minus float64 lse)."""
         return (logits.gather(-1, idx.unsqueeze(-1)).squeeze(-1).double() - lse).exp()
 
     xb = block_tokens.clone()
