@@ -178,3 +178,10 @@ def test_row_argmax_logsumexp_equals_the_whole_tensor_calls_bit_for_bit(monkeypa
     assert torch.equal(idx, want_idx) and int(idx[0, 0]) == 5 and int(idx[0, 1]) == 4
     assert torch.equal(lse.isnan(), want_lse.isnan()) and bool(lse[0, 1].isnan())
     assert torch.equal(torch.nan_to_num(lse), torch.nan_to_num(want_lse))
+    # only at the selected rows (the step's masked positions): the same values there, +inf at the others
+    rows = torch.zeros(shape[:-1], dtype=torch.bool)
+    rows[0, 0] = rows[-1, -1] = True
+    idx_r, lse_r = rs.row_argmax_logsumexp(x, rows)
+    assert torch.equal(idx_r, want_idx) and lse_r.dtype == torch.float64
+    assert torch.equal(lse_r[rows], want_lse[rows]) and bool((lse_r[~rows] == float("inf")).all())
+    assert torch.equal(rs.row_logsumexp(x, rows), lse_r)

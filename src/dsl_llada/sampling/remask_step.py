@@ -97,9 +97,10 @@ LSE_CHUNK_BYTES = 8 << 20
 """`row_logsumexp` works on row chunks whose float64 copy is at most this many bytes."""
 
 
-def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+def row_logsumexp(logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """`torch.logsumexp(logits.double(), -1)`, bit for bit (each row is reduced on its own), over chunks of rows whose
-    float64 copies stay under `LSE_CHUNK_BYTES`.
+    float64 copies stay under `LSE_CHUNK_BYTES`; with `rows` (bool, `logits.shape[:-1]`) only at those rows, +inf
+    at the others (so exp(logit - lse) is 0 there).
 
     Float64 because the confidences exp(logit - logsumexp) must be LLaDA's float64 softmax: a log-sum-exp rounded
     to float32 has an ulp of 3.8e-6 at 36, which quantises every confidence of such a row to that relative grid,
@@ -107,37 +108,46 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     at batch 8 x V = 32k a whole-tensor float64 copy is ~134 MB per step, which the allocator maps fresh (page faults)
     every time; one chunk-sized buffer, reused for every chunk, stays in cache (docs/benchmarks/cpu-sampling.md,
     *Batching*)."""
-    return _row_sweep(logits, with_argmax=False)[1]
+    return _row_sweep(logits, with_argmax=False, rows=rows)[1]
 
 
-def row_argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`logits.argmax(-1)`, `row_logsumexp(logits)`), bit for bit, in one sweep over the same row chunks: each
+def row_argmax_logsumexp(logits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`logits.argmax(-1)`, `row_logsumexp(logits, rows)`), bit for bit, in one sweep over the same row chunks: each
     chunk is read from memory once and reduced twice while it is in cache (at batch 8 the block logits are 67 MB,
-    far past the cache; two whole-tensor passes read them twice)."""
-    idx, lse = _row_sweep(logits, with_argmax=True)
+    far past the cache; two whole-tensor passes read them twice). The argmax covers every row."""
+    idx, lse = _row_sweep(logits, with_argmax=True, rows=rows)
     assert idx is not None
     return idx, lse
 
 
-def _row_sweep(logits: torch.Tensor, *, with_argmax: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The last-dim argmax of `logits` (when asked) and its float64 logsumexp, over row chunks whose float64 copy
-    is at most `LSE_CHUNK_BYTES`."""
-    V = logits.shape[-1]
+def _row_sweep(logits: torch.Tensor, *, with_argmax: bool,
+               rows: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The last-dim argmax of `logits` (when asked) and its float64 logsumexp (only at `rows` when given, +inf
+    elsewhere), over row chunks whose float64 copy is at most `LSE_CHUNK_BYTES`."""
+    V, lead = logits.shape[-1], logits.shape[:-1]
     flat = logits.reshape(-1, V)
-    rows = max(1, LSE_CHUNK_BYTES // max(1, V * 8))
-    if flat.shape[0] <= rows:
+    n = max(1, LSE_CHUNK_BYTES // max(1, V * 8))
+    if rows is None and flat.shape[0] <= n:
         return (logits.argmax(dim=-1) if with_argmax else None), torch.logsumexp(logits.double(), dim=-1)
+    keep_rows = None if rows is None else rows.reshape(-1)
     idx = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device) if with_argmax else None
-    lse = torch.empty(flat.shape[0], dtype=torch.float64, device=logits.device)
-    chunk = torch.empty((rows, V), dtype=torch.float64, device=logits.device)
-    for s in range(0, flat.shape[0], rows):
-        part = flat[s: s + rows]
+    lse = (torch.empty(flat.shape[0], dtype=torch.float64, device=logits.device) if keep_rows is None
+           else torch.full((flat.shape[0],), float("inf"), dtype=torch.float64, device=logits.device))
+    chunk = torch.empty((min(n, flat.shape[0]), V), dtype=torch.float64, device=logits.device)
+    for s in range(0, flat.shape[0], n):
+        part = flat[s: s + n]
         if idx is not None:
-            torch.argmax(part, dim=-1, out=idx[s: s + rows])
-        c = chunk[: part.shape[0]]
-        c.copy_(part)
-        torch.logsumexp(c, dim=-1, out=lse[s: s + rows])
-    lead = logits.shape[:-1]
+            torch.argmax(part, dim=-1, out=idx[s: s + n])
+        if keep_rows is None:
+            c = chunk[: part.shape[0]]
+            c.copy_(part)
+            torch.logsumexp(c, dim=-1, out=lse[s: s + n])
+            continue
+        keep = keep_rows[s: s + n].nonzero().squeeze(1)
+        if keep.numel():
+            c = chunk[: keep.numel()]
+            c.copy_(part[keep])
+            lse[s + keep] = torch.logsumexp(c, dim=-1)
     return (None if idx is None else idx.view(lead)), lse.view(lead)
 
 
@@ -178,14 +188,17 @@ def remask_step(logits: torch.Tensor, block_tokens: torch.Tensor, quota: torch.T
     device = logits.device
     S_b, i = steps_per_block, block_step
     T = float(config.temperature)
+    # Plain low-confidence remasking reads the confidences of masked positions only: the float64 log-sum-exp (about
+    # twice the float32 one's cost) runs at those rows.
+    need = block_tokens == mask_id if config.remasking == "low_confidence" and not config.remdm else None
     # proposal x0: argmax of exp(logits) / (-log U)^T  ==  argmax of logits - T log(-log U)  (LLaDA's Gumbel-max)
     if T > 0:
         u = _uniform(rng, tuple(logits.shape), device)
         x0 = (logits.double() - T * torch.log(-torch.log(u))).argmax(dim=-1)
-        lse = row_logsumexp(logits)  # float64
+        lse = row_logsumexp(logits, need)
     else:
-        x0, lse = row_argmax_logsumexp(logits)  # fp32 -> fp64 is exact, so this equals the float64 argmax
-    if bool(torch.isnan(lse).any()):  # NaN anywhere in a row's logits (-inf is a legitimate ban); O(B W) to check
+        x0, lse = row_argmax_logsumexp(logits, need)  # fp32 -> fp64 is exact, so this equals the float64 argmax
+    if bool(torch.isnan(lse).any()):  # NaN anywhere in a (read) row's logits (-inf is a legitimate ban); O(B W)
         raise NonFiniteStateError(f"the logits became NaN at block step {i} with temperature={config.temperature!r}, "
                                   f"cfg_scale={config.cfg_scale!r}: the model's weights are damaged, or the guidance "
                                   f"left float32's range (lower cfg_scale); a NaN row would decode as token 0")
