@@ -279,7 +279,7 @@ def _guided_logits(forward: Callable[..., torch.Tensor], x: torch.Tensor, attn: 
     """The fp32 logits (B, hi - lo, V) of the current block after classifier-free guidance and the token bans.
 
     Logits of the current block only (CFG: prompt -> MASK in the unconditional copy). Kept in fp32: the Gumbel
-    draw and the confidences are float64 as LLaDA's, without a float64 copy of (blk, V). Written into buffers reused
+    draw and the confidences are float64 as LLaDA's, without a whole float64 copy of (blk, V). Written into buffers reused
     across steps (no fresh page-faulting (B, W, V) tensor per step; a callback keeping a step's logits makes the
     buffer allocate anew, see positions.LogitsBuffer)."""
     mask_id, P = special.mask, prompt_real.shape[1]
