@@ -44,7 +44,6 @@ from ..config import RemaskConfig, SDEConfig
 from ..errors import ConfigError
 from ..core.model import DSLModel
 from ..core.numerics import Workspace, denormals_flushed_during
-from ..snr import snr_schedule
 from .common import RowRNG, SampleOutput, StepCallback, StepInfo, stop_lengths
 from .denoiser import scale_states
 from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
@@ -389,7 +388,6 @@ class Engine:
         self._pending: deque[_Pending] = deque()
         self._live: list[_Row] = []
         self._ids = itertools.count()
-        self._grids: dict[tuple[str, int, float, float], list[float]] = {}
         self._noise: torch.Tensor | None = None
         self._workspace = Workspace()
         self.ticks = 0
@@ -403,12 +401,9 @@ class Engine:
         assert isinstance(self.model, DSLModel)
         return self.model
 
-    def grid(self, config: SDEConfig) -> list[float]:
-        """The SNR grid of `config` as floats, built once per (schedule, steps, gamma_min, gamma_max)."""
-        key = (config.schedule, config.steps, config.gamma_min, config.gamma_max)
-        if key not in self._grids:
-            self._grids[key] = [float(g) for g in snr_schedule(*key)]
-        return self._grids[key]
+    def grid(self, config: SDEConfig) -> tuple[float, ...]:
+        """The SNR grid of `config` (`SDEConfig.snr_grid`: built once, when the config was made)."""
+        return config.snr_grid
 
     def noise_table(self) -> torch.Tensor:
         if self._noise is None:
