@@ -26,10 +26,10 @@ from .model import DSL_PREFIXES, DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
 from .text import not_text
 
-__all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
+__all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "ResolvedSource", "auto_dtype", "check_device",
            "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",
            "default_device", "encode_messages", "encode_prompt", "is_dsl_checkpoint", "load_model", "load_tokenizer",
-           "open_model", "parse_dtype", "read_prompts", "resolve_dtype", "resolve_source", "special_spellings",
+           "open_model", "parse_dtype", "read_prompts", "resolve", "resolve_dtype", "resolve_source", "special_spellings",
            "tokenizer_special_ids"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -278,14 +278,33 @@ class ModelHandle:
         return Path(cast(str, self.source.path))
 
 
-def resolve_source(source: ModelSource) -> ModelSource:
+@dataclass(frozen=True)
+class ResolvedSource:
+    """A `ModelSource` with what can be checked before loading settled (`resolve`): `open_model` takes it as it is,
+    so a command that needs the resolved settings before loading (to lock its output) resolves only once."""
+
+    source: ModelSource
+    """The source with the device checked, the dtype's name ('auto' resolved) and the local model folder."""
+    dtype: torch.dtype
+    """The torch dtype `source.dtype` names."""
+
+
+def resolve(source: ModelSource | ResolvedSource) -> ResolvedSource:
     """`source` with what can be checked before loading settled: the device (it exists here), the dtype ('auto'
-    resolved to a name) and the model folder (a hub id downloaded only with `allow_download`). Idempotent."""
-    return _resolve(source)[0]
+    resolved) and the model folder (a hub id downloaded only with `allow_download`). A `ResolvedSource` is
+    returned as it is."""
+    if isinstance(source, ResolvedSource):
+        return source
+    resolved, dtype = _resolve(source)
+    return ResolvedSource(resolved, dtype)
+
+
+def resolve_source(source: ModelSource | ResolvedSource) -> ModelSource:
+    """`resolve(source).source`: the settled `ModelSource`. Idempotent."""
+    return resolve(source).source
 
 
 def _resolve(source: ModelSource) -> tuple[ModelSource, torch.dtype]:
-    """`resolve_source`, and the torch dtype it settled on (so nothing converts the name back)."""
     from .backbones import resolve_model_path
 
     if source.path is None:
@@ -296,19 +315,22 @@ def _resolve(source: ModelSource) -> tuple[ModelSource, torch.dtype]:
     return source.replace(path=path, device=device, dtype=str(dtype).removeprefix("torch.")), dtype
 
 
-def open_model(source: ModelSource, *, chat_template: bool = True, backbone_only: bool = False,
+def open_model(source: ModelSource | ResolvedSource, *, chat_template: bool = True, backbone_only: bool = False,
                special: SpecialTokens | None = None, tokenizer_optional: bool = False) -> ModelHandle:
-    """Open a model as every command does: resolve the source (`resolve_source`), set the thread count when given,
-    read and check the tokenizer (its chat template rendered once when `chat_template`), load the model (a DSL
-    checkpoint, the released layout only with `assume_released`, or a bare backbone), refuse a tokenizer that is not
-    the model's (`check_vocabulary`: more tokens than the model has, or special ids that differ), and quantize it when
-    asked.
+    """Open a model as every command does: resolve the source (`resolve`; a `ResolvedSource` is used as it is),
+    set the thread count when given, read and check the tokenizer (its chat template rendered once when
+    `chat_template`), load the model (a DSL checkpoint, the released layout only with `assume_released`, or a bare
+    backbone), refuse a tokenizer that is not the model's (`check_vocabulary`: more tokens than the model has, or
+    special ids that differ), and quantize it when asked. Each file of the model folder is read once
+    (`checkpoint.CheckpointFolder`), and device and dtype are resolved once; the handle carries what every consumer
+    reuses (the context limit included).
 
     `backbone_only`: a DSL checkpoint's backbone alone (`load_model`). `special`: the model's special token ids when
     the caller knows them (default: read from the folder). `tokenizer_optional`: a tokenizer folder without
     vocabulary files is allowed, and the handle's `tokenizer` is then None (`convert` copies whatever tokenizer files
     a backbone has; the toy world's shipped model has its tokenizer built from the world)."""
-    source, dtype = _resolve(source)
+    resolved = resolve(source)
+    source, dtype = resolved.source, resolved.dtype
     if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
         from ..runtime.environment import set_threads
 
