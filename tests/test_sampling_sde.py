@@ -108,7 +108,7 @@ def test_converter_sees_gamma_times_y_and_inference_beta(model, monkeypatch):
     real = sde_mod.heun_solve
 
     def spy(denoise, y, grid, **kw):
-        seen["y0"], seen["grid"] = y.clone(), grid.clone()
+        seen["y0"], seen["grid"] = y.clone(), grid
         seen["y"] = real(denoise, y, grid, **kw)
         return seen["y"]
 
@@ -119,7 +119,7 @@ def test_converter_sees_gamma_times_y_and_inference_beta(model, monkeypatch):
     S = c.steps
     assert len(rec.conv_args) == 2 * S + 1
     grid = snr_schedule("sensitive", S)
-    assert torch.equal(seen["grid"], grid)
+    assert seen["grid"] == c.snr_grid == tuple(grid.tolist())  # the config's own grid, built once
     z0, E0, beta0 = rec.conv_args[0]
     assert torch.equal(z0, float(grid[0]) * seen["y0"])
     assert torch.allclose(seen["y0"].norm(dim=-1), torch.ones(3, 8), atol=1e-6)  # unit-norm init

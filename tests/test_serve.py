@@ -17,6 +17,7 @@ from serve_helpers import library_batch_texts, library_ids, library_text, save_t
 from dsl_llada.cli.main import main
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.core.loading import load_model, load_tokenizer
+from dsl_llada.serve.settings import ServerConfig
 from dsl_llada.serve.app import create_app
 from dsl_llada.serve.schemas import RequestError, SamplingFields, build_sampling
 
@@ -130,7 +131,7 @@ def test_concurrent_requests_are_batched_and_equal_alone(tiny, mixed):
     noiseless, and on this random tiny model it amplifies the ~1e-6 rounding differences between batch shapes into
     other tokens (a trained model is not that chaotic; see docs/serving.md)."""
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=3, max_wait_ms=5000)
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=3, max_wait_ms=5000))
     prompts = PROMPTS if mixed else [PROMPTS[1]] * 3
     nfe = 4 if mixed else 16
     cfg = SDEConfig(nfe=nfe, gen_length=10, eta=0.5, predictor_noise=False)
@@ -267,7 +268,7 @@ def test_non_finite_and_wrongly_typed_numbers_get_a_json_400(tiny, raw, param):
 
 def test_full_queue_gets_429_and_a_request_larger_than_the_queue_400(tiny):
     model, tok = tiny
-    with TestClient(create_app(model, tok, model_name="tiny", max_queue=2)) as c:
+    with TestClient(create_app(model, tok, model_name="tiny", server=ServerConfig(max_queue=2))) as c:
         r = c.post("/v1/chat/completions", json=chat("x", n=3, max_tokens=4, nfe=2))
         assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large"  # can never fit
         svc = c.app.state.service
@@ -303,7 +304,7 @@ def test_a_failing_batch_gets_500_and_the_server_keeps_serving(tiny, monkeypatch
 
 def test_disconnect_mid_stream_frees_the_slot_and_spares_the_batch(tiny):
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=5000)
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=2, max_wait_ms=5000))
     svc = app.state.service
     # discrete remasking: long enough to leave mid-run, and free of the SDE's sensitivity to batched-matmul rounding
     body = {"max_tokens": 40, "sampler": "remask", "steps": 40, "temperature": 0.5, "stream": True}
@@ -342,7 +343,7 @@ def test_disconnect_mid_stream_frees_the_slot_and_spares_the_batch(tiny):
 
 def test_shutdown_drains_in_flight_work(tiny):
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=1, max_wait_ms=0)
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=1, max_wait_ms=0))
     svc = app.state.service
     results = []
     with uvicorn_server(app) as (base, server), ThreadPoolExecutor(3) as pool:

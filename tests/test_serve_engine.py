@@ -16,6 +16,7 @@ from serve_helpers import library_text, save_tiny_toy_dsl, uvicorn_server
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.core.loading import encode_prompt, load_model, load_tokenizer
+from dsl_llada.serve.settings import ServerConfig
 from dsl_llada.serve.app import create_app
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,7 +50,7 @@ def test_a_short_request_joins_a_running_long_one_and_finishes_first(tiny, seed)
     the long row and is answered while the long one still runs, with the tokens of the request run alone (the
     discrete samplers' tokens do not depend on the batch). Order and tick counts only, never times."""
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=4)
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=4))
     svc = app.state.service
     long_steps: list[int] = []
     order: list[str] = []
@@ -122,7 +123,7 @@ def test_requests_are_admitted_first_in_first_out_under_the_row_cap(tiny):
     """max_batch=1: three requests queued together run one after another in arrival order (each alone: its
     batch_sizes is [1]), and every one gets its own seed's tokens."""
     model, tok = tiny
-    app = create_app(model, tok, model_name="tiny", max_batch=1, max_wait_ms=5000)
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=1, max_wait_ms=5000))
     cfg = RemaskConfig(steps=4, gen_length=8, temperature=0.7)
     with BatchLog(model) as forwards, uvicorn_server(app) as (base, _), ThreadPoolExecutor(3) as pool:
         def ask(seed: int) -> dict:
@@ -138,7 +139,7 @@ def test_requests_are_admitted_first_in_first_out_under_the_row_cap(tiny):
 
 def test_a_request_over_the_batch_token_cap_gets_400(tiny):
     model, tok = tiny
-    with TestClient(create_app(model, tok, model_name="tiny", max_batch_tokens=20)) as c:
+    with TestClient(create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch_tokens=20))) as c:
         r = c.post("/v1/chat/completions", json=chat(LONG_PROMPT, max_tokens=16, nfe=2))
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "request_too_large" and err["param"] == "messages"

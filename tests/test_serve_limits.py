@@ -22,6 +22,7 @@ from serve_helpers import free_port, library_text, save_tiny_toy_dsl, uvicorn_se
 
 from dsl_llada.config import RemaskConfig
 from dsl_llada.core.loading import load_model, load_tokenizer
+from dsl_llada.serve.settings import ServerConfig
 from dsl_llada.serve.app import create_app
 from dsl_llada.serve.limits import Limits
 from dsl_llada.serve.middleware import allowed_hosts, host_allowed
@@ -169,7 +170,7 @@ def test_a_request_past_its_deadline_is_cancelled_and_the_worker_freed(tiny):
 def test_a_non_streaming_client_that_leaves_is_cancelled_and_its_neighbour_is_unchanged(tiny):
     model, tok = tiny
     # 4,000 steps: long enough that the quitter's 1.5 s timeout always comes first (1,000 steps once finished in time)
-    app = create_app(model, tok, model_name="tiny", max_batch=2, max_wait_ms=5000,
+    app = create_app(model, tok, model_name="tiny", server=ServerConfig(max_batch=2, max_wait_ms=5000),
                      limits=Limits.for_model(64, 1, max_steps=100_000))
     svc = app.state.service
     body = {"max_tokens": 40, "sampler": "remask", "steps": 4000, "temperature": 0.5}

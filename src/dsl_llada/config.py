@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from .errors import ConfigError as ConfigError  # re-exported: the configs' one error type, imported from here package-wide
 from .snr import ScheduleName, check_schedule, snr_schedule
@@ -308,6 +308,7 @@ class SDEConfig(ForwardOptions, _SDEFields):
                      reason="the state gamma * ê (|ê| <= 1) must be finite in float32")
         check_schedule(self.schedule, self.gamma_min, self.gamma_max)
         grid = snr_schedule(self.schedule, self.steps, self.gamma_min, self.gamma_max).tolist()
+        object.__setattr__(self, "_snr_grid", tuple(grid))  # built once here; `snr_grid` hands it out
         ratio, at = max((grid[s + 1] / grid[s], s) for s in range(len(grid) - 1))
         _check(ratio <= MAX_HEUN_RATIO,
                f"gamma_min={self.gamma_min!r}, gamma_max={self.gamma_max!r} with nfe={self.nfe} and "
@@ -335,6 +336,13 @@ class SDEConfig(ForwardOptions, _SDEFields):
     @property
     def steps(self) -> int:
         return self.nfe // 2
+
+    @property
+    def snr_grid(self) -> tuple[float, ...]:
+        """The increasing SNR grid of `steps` + 1 points this config integrates over (`snr.snr_schedule` of its
+        schedule, steps, gamma_min and gamma_max), built once when the config is made: the checks above, the
+        samplers and the step-level engine all read this one."""
+        return cast(tuple[float, ...], self.__dict__["_snr_grid"])
 
     @property
     def sampler_name(self) -> str:

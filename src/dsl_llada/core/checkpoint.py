@@ -168,53 +168,142 @@ def check_safetensors_header(path: Path, *, advice: str = "copy, convert or down
                               f"or damaged — {advice}") from None
 
 
-def checkpoint_files(folder: str | Path) -> dict[str, Path]:
+class CheckpointFolder:
+    """A model folder opened for loading, each file read once: the tensor map (the index, or the single weights
+    file's header), `config.json` and any other JSON file are parsed on first use and kept, and each safetensors
+    file stays open from its header read to its last tensor. Loaders take one of these in place of a folder path
+    and pass it down, so opening a model reads each of its files once; it converts to the folder's path
+    (`os.fspath`) for code that wants a path. Use it as a context manager (or call `close`) to release the files."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder)
+        self._files: dict[str, Path] | None = None
+        self._json: dict[str, dict[str, Any]] = {}
+        self._raw: dict[str, bytes | None] = {}
+        self._handles: dict[Path, Any] = {}
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"CheckpointFolder({str(self.path)!r})"
+
+    def __enter__(self) -> "CheckpointFolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the safetensors files held open (what was parsed stays readable)."""
+        handles, self._handles = self._handles, {}
+        for h in handles.values():
+            h.__exit__(None, None, None)
+
+    def json(self, name: str, what: str) -> dict[str, Any]:
+        """The JSON object in file `name` of the folder (`read_json`'s checks), read on first use."""
+        if name not in self._json:
+            self._json[name] = read_json(self.path / name, what)
+        return self._json[name]
+
+    def raw(self, name: str) -> bytes | None:
+        """The bytes of file `name` of the folder (None when it is not a file there), read on first use: the
+        tokenizer files that the tokenizer check and the special-token lookup both parse."""
+        if name not in self._raw:
+            path = self.path / name
+            self._raw[name] = path.read_bytes() if path.is_file() else None
+        return self._raw[name]
+
+    def config(self) -> dict[str, Any]:
+        """The backbone's `config.json`, read on first use."""
+        return self.json("config.json", "model config")
+
+    def _handle(self, path: Path) -> Any:
+        if path not in self._handles:
+            with _reading(path):
+                self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path]
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """Every tensor name -> the safetensors file holding it (every file confined to the folder: see
+        `confined_file`)."""
+        if self._files is None:
+            self._files = self._tensor_map()
+        return self._files
+
+    def _tensor_map(self) -> dict[str, Path]:
+        folder = self.path
+        if not folder.is_dir():
+            raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
+        index = folder / INDEX_NAME
+        if index.exists():
+            confined_file(folder, INDEX_NAME, "the model folder")
+            weight_map = self.json(INDEX_NAME, "weight index").get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index} has no 'weight_map' object")
+            files = {v: confined_file(folder, v, str(index)) for v in set(weight_map.values()) if isinstance(v, str)}
+            bad = [v for v in weight_map.values() if not isinstance(v, str)]
+            if bad:
+                confined_file(folder, bad[0], str(index))
+            return {k: files[v] for k, v in weight_map.items()}
+        single = folder / WEIGHTS_NAME
+        if single.exists() or single.is_symlink():
+            single = confined_file(folder, WEIGHTS_NAME, "the model folder")
+            with _reading(single):
+                return {k: single for k in self._handle(single).keys()}
+        found = sorted(p.name for p in folder.iterdir())
+        hint = " (.bin/.pt pickles are not loaded: convert them to safetensors)" if any(
+            n.endswith((".bin", ".pt", ".pth")) for n in found) else ""
+        raise CheckpointError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {str(folder)!r}; found {found[:10]}{hint}")
+
+    def read_tensors(self, names: Iterable[str] | None = None, *, dtype: torch.dtype | None = None,
+                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """Read (a subset of) the folder's tensors onto `device`, optionally casting floating tensors to `dtype`."""
+        files = self.files
+        wanted = list(files) if names is None else list(names)
+        missing = [k for k in wanted if k not in files]
+        if missing:
+            raise CheckpointError(f"checkpoint {str(self.path)!r} lacks tensor(s) {missing[:5]}")
+        by_file: dict[Path, list[str]] = {}
+        for k in wanted:
+            by_file.setdefault(files[k], []).append(k)
+        out: dict[str, torch.Tensor] = {}
+        on_cpu = torch.device(device).type == "cpu"
+        for path, keys in by_file.items():
+            f = self._handle(path)
+            with _reading(path):
+                for k in keys:
+                    t = f.get_tensor(k) if on_cpu else f.get_tensor(k).to(device)
+                    if dtype is not None and t.is_floating_point():
+                        t = t.to(dtype)
+                    out[k] = t
+        return out
+
+
+@contextlib.contextmanager
+def opened(folder: str | Path | CheckpointFolder) -> Iterator[CheckpointFolder]:
+    """`folder` itself when it is already a `CheckpointFolder` (its owner closes it), else a new one closed on
+    exit."""
+    if isinstance(folder, CheckpointFolder):
+        yield folder
+        return
+    with CheckpointFolder(folder) as ckpt:
+        yield ckpt
+
+
+def checkpoint_files(folder: str | Path | CheckpointFolder) -> dict[str, Path]:
     """Map every tensor name of a checkpoint folder to the safetensors file holding it (every file confined to the
     folder: see `confined_file`)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
-    index = folder / INDEX_NAME
-    if index.exists():
-        weight_map = read_json(confined_file(folder, INDEX_NAME, "the model folder"), "weight index").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' object")
-        files = {v: confined_file(folder, v, str(index)) for v in set(weight_map.values()) if isinstance(v, str)}
-        bad = [v for v in weight_map.values() if not isinstance(v, str)]
-        if bad:
-            confined_file(folder, bad[0], str(index))
-        return {k: files[v] for k, v in weight_map.items()}
-    single = folder / WEIGHTS_NAME
-    if single.exists() or single.is_symlink():
-        single = confined_file(folder, WEIGHTS_NAME, "the model folder")
-        with _reading(single), safe_open(str(single), framework="pt") as f:
-            return {k: single for k in f.keys()}
-    found = sorted(p.name for p in folder.iterdir())
-    hint = " (.bin/.pt pickles are not loaded: convert them to safetensors)" if any(
-        n.endswith((".bin", ".pt", ".pth")) for n in found) else ""
-    raise CheckpointError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {str(folder)!r}; found {found[:10]}{hint}")
+    with opened(folder) as ckpt:
+        return ckpt.files
 
 
-def read_tensors(folder: str | Path, names: Iterable[str] | None = None, *, dtype: torch.dtype | None = None,
-                 device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def read_tensors(folder: str | Path | CheckpointFolder, names: Iterable[str] | None = None, *,
+                 dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Read (a subset of) the tensors of a checkpoint folder, optionally casting floating tensors to `dtype`."""
-    files = checkpoint_files(folder)
-    wanted = list(files) if names is None else list(names)
-    missing = [k for k in wanted if k not in files]
-    if missing:
-        raise CheckpointError(f"checkpoint {str(folder)!r} lacks tensor(s) {missing[:5]}")
-    by_file: dict[Path, list[str]] = {}
-    for k in wanted:
-        by_file.setdefault(files[k], []).append(k)
-    out: dict[str, torch.Tensor] = {}
-    for path, keys in by_file.items():
-        with _reading(path), safe_open(str(path), framework="pt", device=str(device)) as f:
-            for k in keys:
-                t = f.get_tensor(k)
-                if dtype is not None and t.is_floating_point():
-                    t = t.to(dtype)
-                out[k] = t
-    return out
+    with opened(folder) as ckpt:
+        return ckpt.read_tensors(names, dtype=dtype, device=device)
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:

@@ -20,16 +20,16 @@ import torch
 
 from .backbones import load_backbone
 from .backbones.base import END_OF_TURN_SPELLINGS, Backbone, CheckpointError, SpecialTokens, context_limit
-from .checkpoint import checkpoint_files
+from .checkpoint import CheckpointFolder, opened
 from ..runtime.environment import has_native_bf16
 from .model import DSL_PREFIXES, DSLModel
 from .model_source import DTYPE_NAMES, ModelSource
 from .text import not_text
 
-__all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "auto_dtype", "check_device",
+__all__ = ["DTYPES", "DTYPE_CHOICES", "ModelHandle", "ModelSource", "ResolvedSource", "auto_dtype", "check_device",
            "check_tokenizer_files", "check_prompt_lengths", "check_prompt_texts", "check_vocabulary", "context_limit",
            "default_device", "encode_messages", "encode_prompt", "is_dsl_checkpoint", "load_model", "load_tokenizer",
-           "open_model", "parse_dtype", "read_prompts", "resolve_dtype", "resolve_source", "special_spellings",
+           "open_model", "parse_dtype", "read_prompts", "resolve", "resolve_dtype", "resolve_source", "special_spellings",
            "tokenizer_special_ids"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -92,13 +92,14 @@ def check_device(name: str | torch.device) -> str:
     raise ValueError(f"--device {str(name)!r} is not available here; expected cpu or cuda (default: {default_device()})")
 
 
-def is_dsl_checkpoint(path: str | Path) -> bool:
+def is_dsl_checkpoint(path: str | Path | CheckpointFolder) -> bool:
     """Whether a model folder holds a DSL checkpoint (it has the noise embedding, `noise_embed.weight`), read from
     its weight files' headers; anything else is a bare backbone."""
-    return "noise_embed.weight" in checkpoint_files(path)
+    with opened(path) as ckpt:
+        return "noise_embed.weight" in ckpt.files
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+def load_model(path: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                assume_released: bool = False, special: SpecialTokens | None = None,
                backbone_only: bool = False) -> DSLModel | Backbone:
     """A DSL checkpoint (`is_dsl_checkpoint`) loads as DSLModel; anything else as a bare backbone.
@@ -109,11 +110,19 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: 
     starting point loads with this directly (its tokenizer is a setting of its own, see
     `train.components.load_training_model`)."""
     check_device(device)
-    dsl = is_dsl_checkpoint(path)
+    with opened(path) as ckpt:
+        return _load_checked(ckpt, dtype=dtype, device=device, assume_released=assume_released, special=special,
+                             backbone_only=backbone_only)
+
+
+def _load_checked(ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str, assume_released: bool,
+                  special: SpecialTokens | None, backbone_only: bool) -> DSLModel | Backbone:
+    """`load_model` with the device already checked, from a folder opened once (each file read once)."""
+    dsl = is_dsl_checkpoint(ckpt)
     if dsl and not backbone_only:
-        return DSLModel.from_pretrained(path, dtype=dtype, device=device, special=special,
+        return DSLModel.from_pretrained(ckpt, dtype=dtype, device=device, special=special,
                                         assume_released=assume_released).eval()
-    return load_backbone(path, dtype=dtype, device=device, special=special,
+    return load_backbone(ckpt, dtype=dtype, device=device, special=special,
                          extra_keys_ok=DSL_PREFIXES if dsl else ()).eval()
 
 
@@ -122,24 +131,33 @@ TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_toke
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
-def check_tokenizer_files(path: str | Path) -> list[str]:
+def check_tokenizer_files(path: str | Path | CheckpointFolder) -> list[str]:
     """Parse the tokenizer files of folder `path` before anything uses (or copies) them: every JSON file must be
     valid UTF-8 JSON and `tokenizer.json` must load. Raises CheckpointError naming the file; returns the
-    vocabulary files found (none: the folder has no tokenizer)."""
-    folder = Path(path)
+    vocabulary files found (none: the folder has no tokenizer). Each file is read once (`path` may be a
+    `CheckpointFolder` whose files the model loading then reads from memory)."""
+    with opened(path) as files:
+        return _check_tokenizer_files(files)
+
+
+def _check_tokenizer_files(files: CheckpointFolder) -> list[str]:
+    folder = files.path
+    texts: dict[str, str] = {}
     for name in TOKENIZER_JSON_FILES:
         f = folder / name
-        if f.is_file():
+        raw = files.raw(name)
+        if raw is not None:
             try:
-                json.loads(f.read_text(encoding="utf-8"))
+                texts[name] = raw.decode("utf-8")
+                json.loads(texts[name])
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise CheckpointError(f"tokenizer file {str(f)!r} is not valid JSON ({e}); it is damaged — copy it "
                                       f"again from the model it came with") from None
-    if (folder / "tokenizer.json").is_file():
+    if "tokenizer.json" in texts:
         from tokenizers import Tokenizer
 
         try:
-            Tokenizer.from_file(str(folder / "tokenizer.json"))
+            Tokenizer.from_str(texts["tokenizer.json"])
         except Exception as e:  # noqa: BLE001  (the Rust library raises a bare Exception)
             raise CheckpointError(f"tokenizer file {str(folder / 'tokenizer.json')!r} cannot be read as a tokenizer "
                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged") from None
@@ -159,13 +177,21 @@ def _check_chat_template(tokenizer: Any, path: Path) -> None:
                               f"fix it, or pass --no-chat-template to encode prompts without it") from None
 
 
-def load_tokenizer(path: str | Path, *, chat_template: bool = True) -> Any:
+def load_tokenizer(path: str | Path | CheckpointFolder, *, chat_template: bool = True) -> Any:
     """A Hugging Face tokenizer from a local folder (never the hub; no remote code). Its files are parsed first
     (`check_tokenizer_files`) and, when `chat_template`, its chat template is rendered once."""
+    with opened(path) as files:
+        return _load_tokenizer(files, _check_tokenizer_files(files) if files.path.is_dir() else None,
+                               chat_template=chat_template)
+
+
+def _load_tokenizer(files: CheckpointFolder, vocabulary: list[str] | None, *, chat_template: bool) -> Any:
+    """`load_tokenizer` of a folder whose files were checked already (`vocabulary`: the vocabulary files found,
+    None when `files` is not a folder)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = Path(path)
-    if path.is_dir() and not check_tokenizer_files(path):
+    path = files.path
+    if vocabulary == []:
         raise CheckpointError(f"no tokenizer in {str(path)!r} (none of {', '.join(VOCABULARY_FILES)}); pass "
                               f"--tokenizer FOLDER with the model's tokenizer files")
     try:
@@ -252,43 +278,71 @@ class ModelHandle:
         return Path(cast(str, self.source.path))
 
 
-def resolve_source(source: ModelSource) -> ModelSource:
+@dataclass(frozen=True)
+class ResolvedSource:
+    """A `ModelSource` with what can be checked before loading settled (`resolve`): `open_model` takes it as it is,
+    so a command that needs the resolved settings before loading (to lock its output) resolves only once."""
+
+    source: ModelSource
+    """The source with the device checked, the dtype's name ('auto' resolved) and the local model folder."""
+    dtype: torch.dtype
+    """The torch dtype `source.dtype` names."""
+
+
+def resolve(source: ModelSource | ResolvedSource) -> ResolvedSource:
     """`source` with what can be checked before loading settled: the device (it exists here), the dtype ('auto'
-    resolved to a name) and the model folder (a hub id downloaded only with `allow_download`). Idempotent."""
+    resolved) and the model folder (a hub id downloaded only with `allow_download`). A `ResolvedSource` is
+    returned as it is."""
+    if isinstance(source, ResolvedSource):
+        return source
+    resolved, dtype = _resolve(source)
+    return ResolvedSource(resolved, dtype)
+
+
+def resolve_source(source: ModelSource | ResolvedSource) -> ModelSource:
+    """`resolve(source).source`: the settled `ModelSource`. Idempotent."""
+    return resolve(source).source
+
+
+def _resolve(source: ModelSource) -> tuple[ModelSource, torch.dtype]:
     from .backbones import resolve_model_path
 
     if source.path is None:
         raise ValueError("no model: pass --model FOLDER (a DSL checkpoint or a backbone folder)")
     device = check_device(source.device or default_device())
-    dtype = str(resolve_dtype(source.dtype, device)).removeprefix("torch.")
+    dtype = resolve_dtype(source.dtype, device)
     path = str(resolve_model_path(source.path, allow_download=source.allow_download))
-    return source.replace(path=path, device=device, dtype=dtype)
+    return source.replace(path=path, device=device, dtype=str(dtype).removeprefix("torch.")), dtype
 
 
-def open_model(source: ModelSource, *, chat_template: bool = True, backbone_only: bool = False,
+def open_model(source: ModelSource | ResolvedSource, *, chat_template: bool = True, backbone_only: bool = False,
                special: SpecialTokens | None = None, tokenizer_optional: bool = False) -> ModelHandle:
-    """Open a model as every command does: resolve the source (`resolve_source`), set the thread count when given,
-    read and check the tokenizer (its chat template rendered once when `chat_template`), load the model (a DSL
-    checkpoint, the released layout only with `assume_released`, or a bare backbone), refuse a tokenizer that is not
-    the model's (`check_vocabulary`: more tokens than the model has, or special ids that differ), and quantize it when
-    asked.
+    """Open a model as every command does: resolve the source (`resolve`; a `ResolvedSource` is used as it is),
+    set the thread count when given, read and check the tokenizer (its chat template rendered once when
+    `chat_template`), load the model (a DSL checkpoint, the released layout only with `assume_released`, or a bare
+    backbone), refuse a tokenizer that is not the model's (`check_vocabulary`: more tokens than the model has, or
+    special ids that differ), and quantize it when asked. Each file of the model folder is read once
+    (`checkpoint.CheckpointFolder`), and device and dtype are resolved once; the handle carries what every consumer
+    reuses (the context limit included).
 
     `backbone_only`: a DSL checkpoint's backbone alone (`load_model`). `special`: the model's special token ids when
     the caller knows them (default: read from the folder). `tokenizer_optional`: a tokenizer folder without
     vocabulary files is allowed, and the handle's `tokenizer` is then None (`convert` copies whatever tokenizer files
     a backbone has; the toy world's shipped model has its tokenizer built from the world)."""
-    source = resolve_source(source)
+    resolved = resolve(source)
+    source, dtype = resolved.source, resolved.dtype
     if source.threads is not None and source.threads != torch.get_num_threads():  # the CLI's main set it already
         from ..runtime.environment import set_threads
 
         set_threads(source.threads)
     path = cast(str, source.path)
     tokenizer_path = source.tokenizer or path
-    has_tokenizer = not (tokenizer_optional and Path(tokenizer_path).is_dir() and not check_tokenizer_files(tokenizer_path))
-    tokenizer = load_tokenizer(tokenizer_path, chat_template=chat_template) if has_tokenizer else None
-    dtype = parse_dtype(source.dtype)
-    model = load_model(path, dtype=dtype, device=cast(str, source.device), assume_released=source.assume_released,
-                       special=special, backbone_only=backbone_only)
+    with CheckpointFolder(path) as ckpt, opened(ckpt if tokenizer_path == path else tokenizer_path) as tok_files:
+        vocabulary = _check_tokenizer_files(tok_files) if tok_files.path.is_dir() else None
+        tokenizer = None if tokenizer_optional and vocabulary == [] else \
+            _load_tokenizer(tok_files, vocabulary, chat_template=chat_template)
+        model = _load_checked(ckpt, dtype=dtype, device=cast(str, source.device), special=special,
+                              assume_released=source.assume_released, backbone_only=backbone_only)
     if tokenizer is not None:
         check_vocabulary(tokenizer, model, tokenizer_path=tokenizer_path, model_path=path)
     if source.quantize != "none":

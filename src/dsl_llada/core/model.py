@@ -19,8 +19,7 @@ from torch import nn
 
 from .backbones import load_backbone
 from .backbones.base import Backbone, Positions, SpecialTokens
-from .checkpoint import DEFAULT_MAX_SHARD_BYTES, checkpoint_files, copy_tokenizer_files, read_json, read_tensors, \
-    write_safetensors
+from .checkpoint import DEFAULT_MAX_SHARD_BYTES, CheckpointFolder, copy_tokenizer_files, opened, write_safetensors
 from ..config import ConverterConfig, DSLConfig
 from .converter import Converter, NoiseEmbedding, posterior_mean
 from .numerics import Workspace
@@ -183,22 +182,29 @@ class DSLModel(nn.Module):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, *, dtype: torch.dtype = torch.float32,
+    def from_pretrained(cls, folder: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu", special: SpecialTokens | None = None,
                         assume_released: bool = False) -> "DSLModel":
         """Load a DSL checkpoint written by `save_pretrained`, or (with `assume_released`) one in the released
         DSL-LLaDA layout, which has no dsl_config.json: its settings are then inferred (`infer_released_config`).
-        Without `assume_released` a DSL checkpoint lacking dsl_config.json is refused rather than guessed."""
-        folder = Path(folder)
-        names = set(checkpoint_files(folder))
+        Without `assume_released` a DSL checkpoint lacking dsl_config.json is refused rather than guessed.
+        `folder` may be a `CheckpointFolder` already opened: what it has read is not read again."""
+        with opened(folder) as ckpt:
+            return cls._load(ckpt, dtype=dtype, device=device, special=special, assume_released=assume_released)
+
+    @classmethod
+    def _load(cls, ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+              special: SpecialTokens | None, assume_released: bool) -> "DSLModel":
+        folder = ckpt.path
+        names = set(ckpt.files)
         if "noise_embed.weight" not in names:
             raise CheckpointError(f"{folder} has no 'noise_embed.weight': it is not a DSL checkpoint "
                                   f"(use `dsl-llada convert` to make one from a backbone)")
         check_released_opt_in(folder, assume_released)
         cfg_path = folder / DSL_CONFIG_NAME
-        config = DSLConfig.from_dict(read_json(cfg_path, "DSL config")) if cfg_path.exists() else \
-            infer_released_config(folder, names)
-        backbone = load_backbone(folder, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
+        config = DSLConfig.from_dict(ckpt.json(DSL_CONFIG_NAME, "DSL config")) if cfg_path.exists() else \
+            infer_released_config(ckpt, names)
+        backbone = load_backbone(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=DSL_PREFIXES)
         with torch.device("meta"):  # the noise table and converter are the checkpoint's tensors (assigned below): an
             model = cls(backbone, config)  # fp32 (H, V+1) converter is never allocated or initialised (2 GB at 8B)
         expected = set(model.dsl_state_dict())
@@ -206,7 +212,7 @@ class DSLModel(nn.Module):
         unknown, missing = sorted(dsl_names - expected), sorted(expected - dsl_names)
         if unknown or missing:
             raise CheckpointError(f"unrecognised DSL keys in {folder}: unknown {unknown[:5]}, missing {missing[:5]}")
-        tensors = read_tensors(folder, sorted(expected), device=device)
+        tensors = ckpt.read_tensors(sorted(expected), device=device)
         for k, v in tensors.items():
             if k == "noise_embed.weight" or k in ("converter.beta", "converter.logit_bias"):
                 tensors[k] = v.float()
@@ -243,11 +249,13 @@ def check_released_opt_in(folder: str | Path, assume_released: bool) -> None:
                           f"lm-eval's model_args, assume_released=True in ModelSource")
 
 
-def infer_released_config(folder: Path, names: set[str]) -> DSLConfig:
+def infer_released_config(folder: Path | CheckpointFolder, names: set[str]) -> DSLConfig:
     """DSLConfig for a released checkpoint (no dsl_config.json): released layout, sizes read from the tensors."""
     if {"converter.gate_temp", "converter.gate_bias"} & names:
-        raise CheckpointError(f"{folder} uses the SNR-gated residual converter (gate_temp/gate_bias), which is not supported")
-    shape = read_tensors(folder, ["noise_embed.weight"])["noise_embed.weight"].shape
+        raise CheckpointError(f"{Path(folder)} uses the SNR-gated residual converter (gate_temp/gate_bias), which is "
+                              f"not supported")
+    with opened(folder) as ckpt:
+        shape = ckpt.read_tensors(["noise_embed.weight"])["noise_embed.weight"].shape
     layout: Literal["released", "paper"] = "released" if "converter.backbone_embedding.bias" in names else "paper"
     conv = ConverterConfig(noise_dim=int(shape[1]), layout=layout, trainable_noise_embed=False,
                            residual="converter.residual_proj.weight" in names)

@@ -8,7 +8,7 @@ returns the command's exit code:
                                sampler="remask", sampler_fields={"steps": "64", "gen_length": "256"}))
 
 The command line only parses its flags into these settings (`lmeval_cli.cmd_lmeval`); the model adapter is
-`lmeval.DSLLadaLM`, which receives the resolved `ModelSource` as it is. Needs the `[lmeval]` extra.
+`lmeval.DSLLadaLM`, which receives the `ModelSource` as it is and opens it (`loading.open_model`). Needs the `[lmeval]` extra.
 """
 
 from __future__ import annotations
@@ -106,12 +106,10 @@ def run_lm_eval(settings: LmEvalSettings) -> int:
         from lm_eval.utils import make_table
     except ImportError:
         raise ValueError("lm-eval is not installed: pip install 'dsl-llada[lmeval]'") from None
-    from ..core.loading import resolve_source
     from ..artifacts.atomic import atomic_write_text
     from .lmeval import DSLLadaLM
 
-    source = resolve_source(s.source)
-    lm = DSLLadaLM(source=source, sampler=s.sampler, batch_size=s.batch_size, mc_samples=s.mc_samples,
+    lm = DSLLadaLM(source=s.source, sampler=s.sampler, batch_size=s.batch_size, mc_samples=s.mc_samples,
                    mc_batch_size=s.mc_batch_size, seed=s.seed, chat_template=s.chat_template, **s.sampler_fields)
     tasks = list(s.tasks)
     tm = None

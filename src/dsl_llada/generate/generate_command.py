@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.loading import ModelHandle, check_prompt_chars, check_prompt_lengths, check_prompt_texts, encode_prompt, \
-    open_model, read_prompts, resolve_source
+    open_model, read_prompts, resolve
 from ..core.model_source import ModelSource
 from ..artifacts.records import RecordFile
 from ..sampling.dispatch import SamplerConfig
@@ -117,7 +117,8 @@ def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]],
     `max_error_rate` allows; 130 when interrupted by Ctrl-C, 143 by SIGTERM). Bad settings raise ValueError before anything is written.
     `echo` sees every record as its prompt finishes (default: printed as a JSON line)."""
     prompts = _prompts(settings)
-    source = resolve_source(settings.source)
+    resolved = resolve(settings.source)
+    source = resolved.source
     out = None
     if settings.output:  # locked and checked before the model is loaded: nothing is written yet
         from ..runtime.environment import environment_record
@@ -130,7 +131,7 @@ def run_generate(settings: GenerateSettings, *, echo: Callable[[dict[str, Any]],
                                                              seeds={"seed": settings.seed, "prompt_i": "seed + i"}))
     try:
         with terminate_raises():  # SIGTERM stops the run like Ctrl-C: every finished record stays, the lock goes
-            handle = open_model(source, chat_template=settings.chat_template)
+            handle = open_model(resolved, chat_template=settings.chat_template)
             return _run(settings, handle, prompts, out, echo)
     except Terminated:
         if out is not None:
@@ -173,7 +174,8 @@ def _run(s: GenerateSettings, handle: ModelHandle, prompts: list[str], out: Reco
     try:
         records = generate(handle.model, handle.tokenizer, prompts, s.config, batch_size=s.batch_size, seed=s.seed,
                            chat_template=s.chat_template, progress=s.progress, encoded=encoded, skip=skip,
-                           on_batch=show, check_context=False, continuous=s.batching == "continuous")
+                           on_batch=show, check_context=False, check_texts=False,
+                           continuous=s.batching == "continuous")
     except KeyboardInterrupt:
         if out is not None:
             out.close()

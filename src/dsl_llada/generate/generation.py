@@ -40,13 +40,14 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
              on_record: Callable[[dict[str, Any]], None] | None = None, skip: Iterable[int] = (),
              on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
              encoded: Sequence[Sequence[int]] | None = None, check_context: bool = True,
-             continuous: bool = False) -> list[dict[str, Any]]:
+             continuous: bool = False, check_texts: bool = True) -> list[dict[str, Any]]:
     """Generate one response per prompt through the batch runner (`sampling.batches.run_batches`). Prompt i uses
     its own generator seeded `seed + i`, so results do not depend on the batch size or on the other prompts of its
     batch.
 
-    Every prompt is validated before any sampling (non-empty, and it fits the context unless the caller checked that
-    already: `check_context=False`). Batches follow the fixed grid
+    Every prompt is validated before any sampling: it is text and not empty (`check_prompt_texts`) and it fits the
+    context, each unless the caller checked it already (`check_texts=False`, `check_context=False`: a command
+    checks both at its entry, so each runs once per prompt). Batches follow the fixed grid
     [0, batch_size), [batch_size, 2 batch_size), ...; prompts in `skip` (already done) are left out. `on_batch`
     receives each finished batch's records (in index order) before the next batch starts. A batch that raises a
     runtime error (not a ValueError, which means bad setup and stops the run) is retried prompt by prompt, and a
@@ -61,7 +62,8 @@ def generate(model: DSLModel | Backbone, tokenizer: Any, prompts: Sequence[str],
     batch reports its slowest row's). A config the engine cannot run (a key/value cache, a model that is neither a
     DSLModel nor a Backbone) takes the fixed batches.
     """
-    check_prompt_texts(prompts)
+    if check_texts:
+        check_prompt_texts(prompts)
     if encoded is None:
         encoded = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
     name = config.sampler_name

@@ -39,12 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.backbones.base import Backbone, compiled, context_limit, model_device
+from ..core.backbones.base import FROM_MODEL, Backbone, FromModel, compiled, context_limit, model_device
 from ..config import RemaskConfig, SDEConfig
 from ..errors import ConfigError
 from ..core.model import DSLModel
 from ..core.numerics import Workspace, denormals_flushed_during
-from ..snr import snr_schedule
 from .common import RowRNG, SampleOutput, StepCallback, StepInfo, stop_lengths
 from .denoiser import scale_states
 from .guards import WEIGHTS_MESSAGE, NonFiniteLogitsError, check_finite_state, has_broken_logits
@@ -365,14 +364,17 @@ class Engine:
     rows; `max_tokens` (optional) caps the batch tokens, prompt + response summed over live rows (a classifier-free
     guidance row counts twice: it runs two sequences). Pending requests are admitted first in, first out at the
     start of each tick while both caps hold; a request that could never fit (more tokens than `max_tokens`, or
-    more than the model's context) is refused by `submit` with a ValueError.
+    more than the model's context) is refused by `submit` with a ValueError. `context`: the model's longest
+    prompt + response when the caller has it already (an opened model's `ModelHandle.context`; default: read from
+    the model).
 
     A row's exception (non-finite state or logits, or its callback raising) ends that row only: its result carries
     `error` and `exception`, and the others go on. An exception of the shared forward pass propagates from `step`
     with every row's state as it was before the tick.
     """
 
-    def __init__(self, model: DSLModel | Backbone, *, max_rows: int = 8, max_tokens: int | None = None):
+    def __init__(self, model: DSLModel | Backbone, *, max_rows: int = 8, max_tokens: int | None = None,
+                 context: int | None | FromModel = FROM_MODEL):
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows={max_rows!r} must be an int >= 1")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
@@ -385,11 +387,10 @@ class Engine:
         self.special = model.special
         self.device = model_device(model)
         self.max_rows, self.max_tokens = max_rows, max_tokens
-        self.context = context_limit(model)
+        self.context = context_limit(model) if context is FROM_MODEL else context
         self._pending: deque[_Pending] = deque()
         self._live: list[_Row] = []
         self._ids = itertools.count()
-        self._grids: dict[tuple[str, int, float, float], list[float]] = {}
         self._noise: torch.Tensor | None = None
         self._workspace = Workspace()
         self.ticks = 0
@@ -403,12 +404,9 @@ class Engine:
         assert isinstance(self.model, DSLModel)
         return self.model
 
-    def grid(self, config: SDEConfig) -> list[float]:
-        """The SNR grid of `config` as floats, built once per (schedule, steps, gamma_min, gamma_max)."""
-        key = (config.schedule, config.steps, config.gamma_min, config.gamma_max)
-        if key not in self._grids:
-            self._grids[key] = [float(g) for g in snr_schedule(*key)]
-        return self._grids[key]
+    def grid(self, config: SDEConfig) -> tuple[float, ...]:
+        """The SNR grid of `config` (`SDEConfig.snr_grid`: built once, when the config was made)."""
+        return config.snr_grid
 
     def noise_table(self) -> torch.Tensor:
         if self._noise is None:

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from ..config import FP32_MAX, SDEConfig
 from ..errors import ConfigError
+from ..core.backbones.base import context_limit
 from ..core.model import DSLModel
 from ..core.numerics import denormals_flushed_during
-from ..snr import snr_schedule
 from .progress import progress as progress_bar
 from .common import (LiveRows, PromptBatch, RowRNG, SampleOutput, StepCallback, StepInfo, check_prompt_fits,
                      stop_lengths)
@@ -77,7 +77,7 @@ def heun_correct(y: torch.Tensor, y_pred: torch.Tensor, v0: torch.Tensor, e1: to
     return y + 0.5 * (g1 - g0) * (v0 + v1) + 0.5 * (eta / g0 + eta / g1) * dW
 
 
-def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: float, predictor_noise: bool,
+def heun_solve(denoise: Denoise, y: torch.Tensor, grid: Sequence[float] | torch.Tensor, *, eta: float, predictor_noise: bool,
                rng: RowRNG, on_step: Callable[[int, float, torch.Tensor], torch.Tensor | None] | None = None,
                check_first: Callable[[torch.Tensor], None] | None = None,
                check_state: Callable[[torch.Tensor], None] | None = None,
@@ -114,13 +114,14 @@ def heun_solve(denoise: Denoise, y: torch.Tensor, grid: torch.Tensor, *, eta: fl
 
 def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig,
              generator: torch.Generator | Sequence[torch.Generator] | None
-             ) -> tuple[PromptBatch, RowRNG, torch.Tensor, Denoiser]:
-    """Shared set-up of the SDE samplers: device, context check, RNG, schedule, and the denoiser (noise table,
-    beta_inf, top-M, attention mask, forward counter) around the clean prompt context."""
+             ) -> tuple[PromptBatch, RowRNG, tuple[float, ...], Denoiser]:
+    """Shared set-up of the SDE samplers: device, context check, RNG, the config's SNR grid (`SDEConfig.snr_grid`),
+    and the denoiser (noise table, beta_inf, top-M, attention mask, forward counter) around the clean prompt
+    context."""
     backbone = model.backbone
     prompts = prompts.to(backbone.input_embeddings().weight.device)
-    check_prompt_fits(backbone.max_length, prompts, config.gen_length)
-    grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max)
+    check_prompt_fits(context_limit(model), prompts, config.gen_length)
+    grid = config.snr_grid
     beta = checked_beta(model, config)
     denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=beta,
                                   top_m=config.top_m, attention_mask=prompts.full_attention_mask(config.gen_length),

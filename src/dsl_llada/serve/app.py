@@ -25,6 +25,7 @@ from .batcher import Job, NeverFits, QueueFull, ShuttingDown
 from .limits import Limits
 from .middleware import Gate, _error
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, validation_error_param
+from ..core.backbones.base import FROM_MODEL, FromModel
 from .service import Service
 from .settings import ServerConfig
 from .stream import Chunks, dumps, failure_body, stream
@@ -37,21 +38,20 @@ DISCONNECT_POLL_S = 0.25
 """How often a non-streaming request checks that its client is still connected."""
 
 
-def create_app(model: Any, tokenizer: Any, *, model_name: str = "dsl-llada", max_batch: int = ServerConfig.max_batch,
-               max_wait_ms: float = ServerConfig.max_wait_ms, max_queue: int = ServerConfig.max_queue,
-               api_key: str | None = None, max_batch_tokens: int | None = ServerConfig.max_batch_tokens,
-               limits: Limits | None = None, allowed_hosts: set[str] | None = None, bind_host: str = "127.0.0.1",
-               shutdown_grace_s: float | None = 30.0, environment: dict[str, Any] | None = None) -> FastAPI:
-    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer; the batching
-    settings' defaults are ServerConfig's.
+def create_app(model: Any, tokenizer: Any, *, model_name: str = "dsl-llada", server: ServerConfig | None = None,
+               api_key: str | None = None, limits: Limits | None = None, allowed_hosts: set[str] | None = None,
+               bind_host: str = "127.0.0.1", shutdown_grace_s: float | None = 30.0,
+               environment: dict[str, Any] | None = None, context: int | None | FromModel = FROM_MODEL) -> FastAPI:
+    """The serving app around an already loaded model (DSLModel or bare backbone) and its tokenizer.
 
-    `limits`: request bounds (default: derived from the model, `Limits.for_model`); `allowed_hosts`: Host header
-    names accepted (None = no check; the CLI always passes `middleware.allowed_hosts(...)`); `shutdown_grace_s`:
-    how long a shutdown waits for queued/running work before cancelling it; `environment`: the record /health shows.
+    `server`: how the engine batches requests (default: `ServerConfig()`); `limits`: request bounds (default:
+    derived from the model, `Limits.for_model`); `allowed_hosts`: Host header names accepted (None = no check; the
+    CLI always passes `middleware.allowed_hosts(...)`); `shutdown_grace_s`: how long a shutdown waits for
+    queued/running work before cancelling it; `environment`: the record /health shows; `context`: the model's
+    longest prompt + response (default: read from the model; `open_serve_app` passes its `ModelHandle`'s).
     """
-    svc = Service(model, tokenizer, model_name=model_name, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                  max_queue=max_queue, api_key=api_key, max_batch_tokens=max_batch_tokens, limits=limits,
-                  environment=environment)
+    svc = Service(model, tokenizer, model_name=model_name, server=server or ServerConfig(), api_key=api_key,
+                  limits=limits, environment=environment, context=context)
     app = FastAPI(title="dsl-llada", lifespan=lifespan)
     app.state.service = svc
     app.state.shutdown_grace_s = shutdown_grace_s

@@ -140,9 +140,9 @@ def open_serve_app(settings: ServeSettings) -> ServedApp:
     handle = open_model(s.source)
     limits = Limits.for_model(handle.context, parameter_count(handle.model), **s.limits)
     name = s.served_model_name or handle.path.name
-    app = create_app(handle.model, handle.tokenizer, model_name=name, api_key=s.api_key, limits=limits,
-                     allowed_hosts=allowed_hosts(s.host, list(s.allowed_hosts)), bind_host=s.host,
-                     shutdown_grace_s=s.shutdown_grace_s, **s.server.to_dict())
+    app = create_app(handle.model, handle.tokenizer, model_name=name, server=s.server, api_key=s.api_key,
+                     limits=limits, allowed_hosts=allowed_hosts(s.host, list(s.allowed_hosts)), bind_host=s.host,
+                     shutdown_grace_s=s.shutdown_grace_s, context=handle.context)
     batcher, begin_shutdown = app.state.service.batcher, app.state.begin_shutdown
     if s.ui:
         from .ui import mount_ui

@@ -18,8 +18,9 @@ from .batcher import Batcher, Job
 from .limits import Limits, check_prompts, check_raw_sizes, check_request_fields, check_sampling_limits, default_max_tokens
 from .logprobs import TokenLogprob
 from .prometheus import Metrics
-from ..core.backbones.base import context_limit
+from ..core.backbones.base import FROM_MODEL, FromModel, context_limit
 from .runner import BatchRunner, EngineRows, JobResult
+from .settings import ServerConfig
 from .schemas import ChatRequest, CompletionRequest, RequestError, SamplingFields, build_sampling
 
 
@@ -34,17 +35,18 @@ def parameter_count(model) -> int:
 class Service:
     """Everything one request handler needs: model, tokenizer, limits, batcher, metrics, settings."""
 
-    def __init__(self, model, tokenizer, *, model_name: str, max_batch: int, max_wait_ms: float, max_queue: int,
-                 api_key: str | None, max_batch_tokens: int | None = None, limits: Limits | None = None,
-                 environment: dict[str, Any] | None = None):
+    def __init__(self, model, tokenizer, *, model_name: str, server: ServerConfig, api_key: str | None,
+                 limits: Limits | None = None, environment: dict[str, Any] | None = None,
+                 context: int | None | FromModel = FROM_MODEL):
         self.model, self.tokenizer, self.model_name, self.api_key = model, tokenizer, model_name, api_key
-        self.max_batch_tokens = max_batch_tokens
+        self.server = server
+        self.max_batch_tokens = server.max_batch_tokens
         self.has_converter = isinstance(model, DSLModel)
         self.default_sampler = "sde" if self.has_converter else "remask"
         backbone = model.backbone if self.has_converter else model
         self.has_kv_cache = bool(getattr(backbone, "supports_kv_cache", False))
         self.vocab_size = int(backbone.vocab_size)
-        self.context = context_limit(model)
+        self.context = context_limit(model) if context is FROM_MODEL else context
         self.limits = limits or Limits.for_model(self.context, parameter_count(model))
         if environment is None:
             from ..runtime.environment import environment_record
@@ -53,10 +55,10 @@ class Service:
             environment = environment_record(device=param.device, dtype=param.dtype)
         self.environment = environment
         self.metrics = Metrics()
-        self.engine = Engine(model, max_rows=max_batch, max_tokens=max_batch_tokens)
+        self.engine = Engine(model, max_rows=server.max_batch, max_tokens=server.max_batch_tokens, context=self.context)
         self.batcher = Batcher(self.engine, EngineRows(model, tokenizer),
                                fixed_batch=BatchRunner(model, tokenizer, progress=lambda: self.batcher.progress()),
-                               max_wait_ms=max_wait_ms, max_queue=max_queue, metrics=self.metrics)
+                               max_wait_ms=server.max_wait_ms, max_queue=server.max_queue, metrics=self.metrics)
         self.text_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsl-llada-text")
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None

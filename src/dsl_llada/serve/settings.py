@@ -1,5 +1,5 @@
 """The server's batching settings as one config dataclass: `dsl-llada serve`'s flags are generated from it and
-`create_app` takes its defaults from it, so no default is written twice."""
+`create_app` takes one whole (default: `ServerConfig()`), so no default is written twice."""
 
 from __future__ import annotations
 

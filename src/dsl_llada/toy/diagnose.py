@@ -39,7 +39,6 @@ from ..core.model import DSLModel
 from ..core.numerics import Workspace
 from ..sampling.batches import run_batch
 from ..sampling.registry import get_spec, sampler_config
-from ..snr import snr_schedule
 from .evaluate import aggregate, sampled_rows, score_record
 from .oracle import response_machine
 from .pfsa import Pfsa
@@ -57,7 +56,7 @@ BANDS: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 7.0), (7.0, 30.0), (
 def evaluation_gammas(config: SDEConfig) -> list[float]:
     """The SNR of each denoiser evaluation of one `sample_sde` run with `config`, in call order: the predictor at
     γ_s and the corrector at γ_{s+1} for every Heun step s, then the decode at the last SNR (2S + 1 values)."""
-    grid = snr_schedule(config.schedule, config.steps, config.gamma_min, config.gamma_max).tolist()
+    grid = config.snr_grid
     out: list[float] = []
     for s in range(len(grid) - 1):
         out += [grid[s], grid[s + 1]]

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint import read_json
+from ..checkpoint import CheckpointFolder, opened
 from .base import Backbone, CheckpointError, SpecialTokens
 from .llada import LLaDABackbone, LLaDAConfig, tiny_llada_config
 
@@ -19,7 +19,9 @@ _LOADERS: dict[str, Loader] = {"llada": LLaDABackbone.from_pretrained}
 
 
 def register_backbone(model_type: str, loader: Loader) -> None:
-    """Make `load_backbone` dispatch `config.json` files with this `model_type` to `loader`."""
+    """Make `load_backbone` dispatch `config.json` files with this `model_type` to `loader`, called as
+    `loader(folder, dtype=, device=, special=, extra_keys_ok=)`; `folder` is a `checkpoint.CheckpointFolder`
+    (`Path(folder)` is its path; its `config()`, `files` and `read_tensors` reuse what was already read)."""
     _LOADERS[model_type.lower()] = loader
 
 
@@ -39,11 +41,19 @@ def _dream_loader() -> Loader | None:
     return DreamBackbone.from_pretrained
 
 
-def load_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                  special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> Backbone:
-    """Load a backbone folder by local path (hub downloads are the caller's choice: see `resolve_model_path`)."""
-    path = Path(path)
-    cfg = read_json(path / "config.json", "model config")
+def load_backbone(path: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32,
+                  device: str | torch.device = "cpu", special: SpecialTokens | None = None,
+                  extra_keys_ok: tuple[str, ...] = ()) -> Backbone:
+    """Load a backbone folder by local path (hub downloads are the caller's choice: see `resolve_model_path`), or
+    from a `CheckpointFolder` already opened (its config and tensor map are read once, and the loader gets it)."""
+    with opened(path) as ckpt:
+        return _load_backbone(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+
+
+def _load_backbone(ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+                   special: SpecialTokens | None, extra_keys_ok: tuple[str, ...]) -> Backbone:
+    path = ckpt.path
+    cfg = ckpt.config()
     if not isinstance(cfg.get("model_type", ""), str):
         raise CheckpointError(f"{path}/config.json: model_type={cfg['model_type']!r} must be a string such as 'llada'")
     model_type = str(cfg.get("model_type", "")).lower()
@@ -55,7 +65,7 @@ def load_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, devic
     if loader is None:
         raise CheckpointError(f"no backbone loader for model_type={model_type!r} in {path}/config.json; "
                               f"known: {sorted(_LOADERS)} (+ 'dream' and generic transformers models)")
-    return loader(path, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+    return loader(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
 
 
 def resolve_model_path(name_or_path: str, *, allow_download: bool = False) -> Path:

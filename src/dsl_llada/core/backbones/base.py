@@ -12,6 +12,7 @@ A backbone is an ``nn.Module`` that
 
 from __future__ import annotations
 
+import enum
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -233,6 +234,15 @@ def padding_to_additive_mask(attention_mask: torch.Tensor | None, dtype: torch.d
     neg = torch.finfo(dtype).min
     add = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, neg)
     return add[:, None, None, :]
+
+
+class FromModel(enum.Enum):
+    """Where a context limit may be passed in, its default: read it from the model (`context_limit`)."""
+
+    TOKEN = "from-model"
+
+
+FROM_MODEL = FromModel.TOKEN
 
 
 def context_limit(model: Any) -> int | None:

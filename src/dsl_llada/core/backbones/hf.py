@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import check_keys, checkpoint_files, read_json, read_tensors
+from ..checkpoint import CheckpointFolder, check_keys, opened
 from .base import (END_OF_TURN_SPELLINGS, Backbone, CheckpointError, Positions, SpecialTokens, position_index,
                    select_positions)
 
@@ -239,7 +239,7 @@ def _build_empty(auto_cls: Any, config: Any) -> Any:
     raise CheckpointError(f"cannot build {getattr(config, 'model_type', '?')} with SDPA or eager attention: {last}")
 
 
-def load_weights(model: Any, path: Path, *, dtype: torch.dtype, device: str | torch.device,
+def load_weights(model: Any, path: Path | CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
                  extra_keys_ok: tuple[str, ...] = ()) -> None:
     """Fill a meta-initialised transformers model from the folder's safetensors, checking keys and shapes.
 
@@ -247,14 +247,21 @@ def load_weights(model: Any, path: Path, *, dtype: torch.dtype, device: str | to
     raise one CheckpointError; tied copies (e.g. ``lm_head.weight`` with tied embeddings) may be absent and are
     re-tied to their source after loading. Checkpoint keys must equal the model's state_dict keys: families whose
     files transformers renames while loading (legacy names, fused MoE experts) are reported, not converted."""
+    with opened(path) as ckpt:
+        _load_weights(model, ckpt, dtype=dtype, device=device, extra_keys_ok=extra_keys_ok)
+
+
+def _load_weights(model: Any, ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+                  extra_keys_ok: tuple[str, ...]) -> None:
+    path = ckpt.path
     tied = _tied_targets(model)
     full = model.state_dict()
     expected = [k for k in full if k not in tied]
     ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
-    found = [k for k in checkpoint_files(path)
+    found = [k for k in ckpt.files
              if not k.startswith(tuple(extra_keys_ok)) and not any(p.search(k) for p in ignore)]
     check_keys(expected, found, str(path), optional=tied)
-    state = read_tensors(path, expected, dtype=dtype, device=device)
+    state = ckpt.read_tensors(expected, dtype=dtype, device=device)
     for k, v in state.items():
         want = tuple(full[k].shape)
         if tuple(v.shape) != want:
@@ -329,14 +336,22 @@ def hf_special_tokens(config: Any, path: Path | None = None) -> SpecialTokens:
     return SpecialTokens(mask=mask, eos=eos, eot=eot, pad=pad, bos=bos)
 
 
-def load_hf_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                     special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> HFBackbone:
-    """A transformers masked LM / decoder LM from a local folder (config.json + safetensors) as an HFBackbone."""
+def load_hf_backbone(path: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", special: SpecialTokens | None = None,
+                     extra_keys_ok: tuple[str, ...] = ()) -> HFBackbone:
+    """A transformers masked LM / decoder LM from a local folder (config.json + safetensors) as an HFBackbone; the
+    folder by path or already opened (`CheckpointFolder`)."""
+    with opened(path) as ckpt:
+        return _load_hf_backbone(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+
+
+def _load_hf_backbone(ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+                      special: SpecialTokens | None, extra_keys_ok: tuple[str, ...]) -> HFBackbone:
     from transformers import AutoConfig
 
-    path = Path(path)
-    cfg_json = read_json(path / "config.json", "model config")
-    checkpoint_files(path)  # fail early (and name safetensors) when the folder has no weights we can read
+    path = ckpt.path
+    cfg_json = ckpt.config()
+    ckpt.files  # fail early (and name safetensors) when the folder has no weights we can read
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (ValueError, KeyError, OSError, TypeError) as e:
@@ -356,7 +371,7 @@ def load_hf_backbone(path: str | Path, *, dtype: torch.dtype = torch.float32, de
     if special is None:
         special = hf_special_tokens(config, path)
     model = _build_empty(auto_cls, config)
-    load_weights(model, path, dtype=dtype, device=device, extra_keys_ok=extra_keys_ok)
+    load_weights(model, ckpt, dtype=dtype, device=device, extra_keys_ok=extra_keys_ok)
     return HFBackbone(model, special, kind=kind)
 
 
@@ -439,21 +454,29 @@ class DreamBackbone(HFBackbone):
         return torch.where(prev_keep[..., None], at_prev, at_self)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> "DreamBackbone":
-        """Load a Dream-v0 folder (Dream's config.json + safetensors, sharded or not); no remote code."""
+    def from_pretrained(cls, path: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", special: SpecialTokens | None = None,
+                        extra_keys_ok: tuple[str, ...] = ()) -> "DreamBackbone":
+        """Load a Dream-v0 folder (Dream's config.json + safetensors, sharded or not), by path or already opened
+        (`CheckpointFolder`); no remote code."""
+        with opened(path) as ckpt:
+            return cls._load(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+
+    @classmethod
+    def _load(cls, ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+              special: SpecialTokens | None, extra_keys_ok: tuple[str, ...]) -> "DreamBackbone":
         from transformers import AutoModelForCausalLM
 
-        path = Path(path)
-        data = read_json(path / "config.json", "Dream config")
+        path = ckpt.path
+        data = ckpt.json("config.json", "Dream config")
         if str(data.get("model_type", "")).lower() != "dream":
             raise CheckpointError(f"{path}/config.json has model_type={data.get('model_type')!r}, expected 'Dream'")
         config = qwen2_config_from_dream(data, where=str(path / "config.json"))
         if special is None:
             special = dream_special_tokens(data, path)
-        checkpoint_files(path)
+        ckpt.files  # fail early when the folder has no weights we can read
         model = _build_empty(AutoModelForCausalLM, config)  # a Qwen2Config -> Qwen2ForCausalLM
-        load_weights(model, path, dtype=dtype, device=device, extra_keys_ok=extra_keys_ok)
+        load_weights(model, ckpt, dtype=dtype, device=device, extra_keys_ok=extra_keys_ok)
         return cls(model, special, data)
 
 

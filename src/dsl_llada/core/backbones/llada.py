@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import check_keys, read_json, read_tensors, checkpoint_files
+from ..checkpoint import CheckpointFolder, check_keys, opened
 from .base import (Backbone, CheckpointError, KVCache, Positions, SpecialTokens, head_linear,
                    padding_to_additive_mask, select_positions)
 
@@ -353,23 +353,31 @@ class LLaDABackbone(Backbone):
 
     # -- checkpoint I/O ------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        special: SpecialTokens | None = None, extra_keys_ok: tuple[str, ...] = ()) -> "LLaDABackbone":
-        """Load a Hugging Face LLaDA checkpoint folder (config.json + safetensors, sharded or not)."""
-        path = Path(path)
-        data = read_json(path / "config.json", "LLaDA config")
+    def from_pretrained(cls, path: str | Path | CheckpointFolder, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", special: SpecialTokens | None = None,
+                        extra_keys_ok: tuple[str, ...] = ()) -> "LLaDABackbone":
+        """Load a Hugging Face LLaDA checkpoint folder (config.json + safetensors, sharded or not), by path or
+        already opened (`CheckpointFolder`: what it has read is not read again)."""
+        with opened(path) as ckpt:
+            return cls._load(ckpt, dtype=dtype, device=device, special=special, extra_keys_ok=extra_keys_ok)
+
+    @classmethod
+    def _load(cls, ckpt: CheckpointFolder, *, dtype: torch.dtype, device: str | torch.device,
+              special: SpecialTokens | None, extra_keys_ok: tuple[str, ...]) -> "LLaDABackbone":
+        path = ckpt.path
+        data = ckpt.json("config.json", "LLaDA config")
         if data.get("model_type", "llada") != "llada":
             raise CheckpointError(f"{path}/config.json has model_type={data.get('model_type')!r}, expected 'llada'")
         cfg = LLaDAConfig.from_hf_dict(data, where=str(path / "config.json"))
         if special is None:
-            special = special_tokens_from_folder(path, cfg)
+            special = special_tokens_from_folder(ckpt, cfg)
         with torch.device("meta"):
             model = cls(cfg, special)
         expected = list(model.state_dict().keys())
-        files = checkpoint_files(path)
+        files = ckpt.files
         found = [k for k in files if not any(k.startswith(p) for p in extra_keys_ok)]
         check_keys(expected, found, str(path))
-        state = read_tensors(path, expected, dtype=dtype, device=device)
+        state = ckpt.read_tensors(expected, dtype=dtype, device=device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         for k, v in state.items():
             if not v.is_floating_point():
@@ -395,31 +403,32 @@ def tiny_llada_config(vocab_size: int = 64, *, d_model: int = 32, n_layers: int 
                        pad_token_id=eos, eot_token_id=eot_token_id, bos_token_id=bos_token_id, rope_theta=rope_theta)
 
 
-def _added_token_ids(folder: Path) -> dict[str, int]:
+def _added_token_ids(folder: CheckpointFolder) -> dict[str, int]:
     """token string -> id from tokenizer_config.json's added_tokens_decoder (empty when absent)."""
-    p = folder / "tokenizer_config.json"
-    if not p.exists():
+    raw = folder.raw("tokenizer_config.json")
+    if raw is None:
         return {}
     try:
-        dec = json.loads(p.read_text()).get("added_tokens_decoder", {})
-    except json.JSONDecodeError:
+        dec = json.loads(raw).get("added_tokens_decoder", {})
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return {v["content"]: int(k) for k, v in dec.items() if isinstance(v, dict) and "content" in v}
 
 
-def special_tokens_from_folder(folder: Path, cfg: LLaDAConfig) -> SpecialTokens:
+def special_tokens_from_folder(folder: Path | CheckpointFolder, cfg: LLaDAConfig) -> SpecialTokens:
     """Special ids from config.json, completed from generation_config.json (bos) and the tokenizer's added
     tokens (`<|eot_id|>`, `<|startoftext|>`) when the folder has them."""
-    base = cfg.special_tokens()
-    added = _added_token_ids(folder)
-    eot = base.eot if base.eot is not None else added.get("<|eot_id|>")
-    bos = base.bos
-    gen = folder / "generation_config.json"
-    if bos is None and gen.exists():
-        try:
-            bos = json.loads(gen.read_text()).get("bos_token_id")
-        except json.JSONDecodeError:
-            bos = None
+    with opened(folder) as ckpt:
+        base = cfg.special_tokens()
+        added = _added_token_ids(ckpt)
+        eot = base.eot if base.eot is not None else added.get("<|eot_id|>")
+        bos = base.bos
+        gen = ckpt.raw("generation_config.json")
+        if bos is None and gen is not None:
+            try:
+                bos = json.loads(gen).get("bos_token_id")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                bos = None
     if bos is None:
         bos = added.get("<|startoftext|>")
     return SpecialTokens(mask=base.mask, eos=base.eos, eot=eot, pad=base.pad, bos=bos)
