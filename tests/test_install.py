@@ -62,7 +62,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
 def test_the_wheel_holds_the_package_and_no_checkout_tool(installed):
     _, _, wheel = installed
     names = zipfile.ZipFile(wheel).namelist()
-    assert "dsl_llada/cli.py" in names and "dsl_llada/sampling/sde.py" in names and "dsl_llada/py.typed" in names
+    assert "dsl_llada/cli/main.py" in names and "dsl_llada/sampling/sde.py" in names and "dsl_llada/py.typed" in names
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/", "docs/"))]
     assert "dsl_llada/docs_tables.py" not in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

@@ -61,8 +61,8 @@ def backbone_dir(tmp_path_factory):
 def test_generate_loads_and_records_the_resolved_dtype(backbone_dir, tmp_path, monkeypatch, native, recorded):
     monkeypatch.setattr(loading, "has_native_bf16", lambda: native)
     loaded = []
-    real_load = loading.load_model
-    monkeypatch.setattr(loading, "load_model", lambda *a, **kw: loaded.append(kw["dtype"]) or real_load(*a, **kw))
+    real_load = loading._load_checked  # the weights step open_model runs (the dtype it loads with)
+    monkeypatch.setattr(loading, "_load_checked", lambda *a, **kw: loaded.append(kw["dtype"]) or real_load(*a, **kw))
     out = tmp_path / "out.jsonl"
     assert main(["generate", "--model", str(backbone_dir), "--prompt", "the whale", "--sampler", "remask",
                  "--steps", "2", "--gen-length", "4", "-q", "--output", str(out)]) == 0

@@ -45,6 +45,7 @@ from dsl_llada.core.loading import check_device, encode_prompt, load_model, load
 from dsl_llada.core.model import DSLModel
 from dsl_llada.sampling import PromptBatch
 from dsl_llada.serve.app import create_app
+from dsl_llada.serve.settings import ServerConfig
 from dsl_llada.core.backbones.base import model_device
 from dsl_llada.generate.generation import run_sampler
 from dsl_llada.serve.runner import seeded_generator
@@ -196,13 +197,14 @@ def run_bench(model, tok, *, clients: int = 8, requests: int = 4, max_batch: int
 
 class Server:
     """An in-process server on an ephemeral loopback port, with an `openai` client; `app_options` go to
-    `create_app` (max_wait_ms, max_batch_tokens)."""
+    the server's `ServerConfig` (max_wait_ms, max_batch_tokens)."""
 
     def __init__(self, model, tok, *, max_batch: int, timeout_s: float, **app_options):
         import openai
         import uvicorn
 
-        app = create_app(model, tok, model_name="bench", max_batch=max_batch, max_queue=MAX_REQUESTS, **app_options)
+        server = ServerConfig(max_batch=max_batch, max_queue=MAX_REQUESTS, **app_options)
+        app = create_app(model, tok, model_name="bench", server=server)
         self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=0, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
