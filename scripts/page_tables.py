@@ -426,6 +426,37 @@ def serve_rounds(r: Results) -> str:
     return md(["variant", "median s", "min s", "max s"], rows)
 
 
+def environment_line(env: dict[str, Any] | None) -> str:
+    """One line from a run's environment record: version and commit, Python and torch, the CPU (or GPU), threads and
+    the 1-minute load average at the start and end of the run."""
+    if not env:
+        return "Environment: not recorded."
+    git = env.get("git") or {}
+    commit = f"git {git['commit'][:9]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "no checkout"
+    where = env.get("gpu") or f"{env.get('cpu_model')} ({env.get('cpu_capability')})"
+    threads = (env.get("threads") or {}).get("intra_op")
+    load = f"{env.get('load_average_start')}" + (f" -> {env['load_average_end']}" if "load_average_end" in env else "")
+    return (f"Environment: dsl-llada {env.get('dsl_llada')} ({commit}), Python {env.get('python')}, torch "
+            f"{(env.get('libraries') or {}).get('torch')}; {env.get('device')} on {where}, {threads} intra-op "
+            f"thread(s) of {env.get('usable_cpus')} usable CPUs; 1-minute load {load}.")
+
+
+def serve_rounds_summary(r: Results) -> str:
+    """`bench_serve.py load --rounds R --json`: the variants' seconds, then the per-round ratios (single-client latency
+    over `generate`, N-client throughput batched over `--max-batch 1`, the sampler's own batch-N speed-up), the mean
+    batch, the single-client equality check and the environment line."""
+    res = r["result"]
+    lr, tr, ce = res["latency_ratio"], res["throughput_ratio"], res["sampler_ceiling"]
+    n = res["clients"]
+    summary = (f"Over {res['rounds']} round(s): single-client latency / `generate` **{lr['median']:.3f}x** "
+               f"({lr['min']:.3f}–{lr['max']:.3f}); throughput batched / `--max-batch 1` at {n} clients "
+               f"**{tr['median']:.2f}x** ({tr['min']:.2f}–{tr['max']:.2f}; mean batch {res['mean_batch']:g}); the "
+               f"sampler's own batch-{n} speed-up, N x t(batch 1) / t(batch N), **{ce['median']:.2f}x** "
+               f"({ce['min']:.2f}–{ce['max']:.2f}). Single-client outputs equal to the library: "
+               f"{res['single_client_equal_to_library']}.")
+    return "\n\n".join([serve_rounds(r), summary, environment_line(r.get("environment"))])
+
+
 # -------------------------------------------------------------------------- bench_serve_mixed.py, probe
 
 
@@ -519,6 +550,8 @@ TABLES = {t.name: t for t in (
     PageTable("busy-nfe16-r5", "process-settings.md", ("busy_nfe16_r5.json",), busy_rounds),
     PageTable("busy-nfe4", "process-settings.md", ("busy_nfe4_default.json",), busy_rounds),
     # serving.md
+    PageTable("serve-cpu-d64", "serving.md", ("serve_cpu_d64.json",), serve_rounds_summary),
+    PageTable("serve-cpu-d128", "serving.md", ("serve_cpu_d128.json",), serve_rounds_summary),
     PageTable("serve-h200-d64", "serving.md", ("serve_h200_d64.json",), serve_rounds),
     PageTable("serve-h200-d512", "serving.md", ("serve_h200_d512.json",), serve_rounds),
     PageTable("serve-mixed-nfe256", "serving.md", ("serve_mixed_nfe256.json",), serve_mixed_rows),
@@ -565,14 +598,6 @@ NOT_GENERATED = (
                  f"`bench_threads.py` {_NO_JSON}"),
     NotGenerated("process-settings.md", "Thread default under contention (toy)",
                  "`bench_threads.py` printed without --json"),
-    NotGenerated("serving.md", "Serving: dynamic batching vs `--max-batch 1` (2026-11-24)",
-                 f"`bench_serve.py load` {_NO_JSON}"),
-    NotGenerated("serving.md", "Serving: single-client latency and 16-client throughput (2026-11-25)",
-                 f"`bench_serve.py load` {_NO_JSON}; " + _PROSE_ONLY),
-    NotGenerated("serving.md", "Serving: batching ceiling, 16 clients, 1 client (d=64 toy shape, 2026-11-25)",
-                 "`bench_serve.py load` printed without --json; " + _PROSE_ONLY),
-    NotGenerated("serving.md", "Serving: batching ceiling at the toy world's shape (d=128, 4 layers, 2026-11-25)",
-                 f"`bench_serve.py load` {_NO_JSON}; " + _PROSE_ONLY),
     NotGenerated("toy-frontier.md", "The demo (`dsl-llada demo`), 2-core CPU, fp32",
                  "stage times of one demo run from a clean clone (its log and `config.json`), not a benchmark script's "
                  "results"),

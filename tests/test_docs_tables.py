@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 40 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 42 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md"}
 
 
@@ -114,11 +114,11 @@ def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_pat
             "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
     assert "FAIL: 1 problem(s)" in out
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 1 of 40 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert "wrote 1 of 42 page table(s) that differed: gpu-batched" in capsys.readouterr().out
     assert page.read_text() == original
     assert D.main(["--check-pages", "--docs", str(docs)]) == 0
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 0 of 40" in capsys.readouterr().out
+    assert "wrote 0 of 42" in capsys.readouterr().out
 
 
 def test_a_changed_result_shows_on_its_page(tmp_path):
@@ -173,5 +173,37 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 20
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 16
     assert all(n.reason for n in P.NOT_GENERATED)
+
+
+_ENV = {"dsl_llada": "0.1.0", "git": {"commit": "0123456789abcdef", "dirty": True}, "python": "3.11.7",
+        "libraries": {"torch": "2.13.0+cpu"}, "device": "cpu", "cpu_model": "AMD EPYC", "cpu_capability": "AVX512",
+        "threads": {"intra_op": 1}, "usable_cpus": 2, "load_average_start": 0.5, "load_average_end": 1.25}
+
+
+def test_environment_line_names_commit_threads_and_load():
+    assert P.environment_line(_ENV) == (
+        "Environment: dsl-llada 0.1.0 (git 012345678 (dirty)), Python 3.11.7, torch 2.13.0+cpu; cpu on AMD EPYC "
+        "(AVX512), 1 intra-op thread(s) of 2 usable CPUs; 1-minute load 0.5 -> 1.25.")
+    assert P.environment_line(None) == "Environment: not recorded."
+
+
+def test_serve_rounds_summary_renders_table_ratios_and_environment():
+    r = {"environment": _ENV, "result": {
+        "rounds": 2, "clients": 16, "mean_batch": 13.5, "single_client_equal_to_library": "2/2",
+        "seconds": {"generate": [0.1, 0.3], "server, 1 client": [0.2, 0.4], "batched, N clients": [2.0, 3.0],
+                    "--max-batch 1, N clients": [4.0, 5.0]},
+        "latency_ratio": {"median": 1.5, "min": 1.333, "max": 2.0},
+        "throughput_ratio": {"median": 1.833, "min": 1.667, "max": 2.0},
+        "sampler_ceiling": {"median": 1.6, "min": 1.5, "max": 1.7}}}
+    table, summary, env = P.serve_rounds_summary(r).split("\n\n")
+    assert table.splitlines()[2:] == ["| generate | 0.2000 | 0.1000 | 0.3000 |",
+                                      "| server, 1 client | 0.3000 | 0.2000 | 0.4000 |",
+                                      "| batched, N clients | 2.5000 | 2.0000 | 3.0000 |",
+                                      "| --max-batch 1, N clients | 4.5000 | 4.0000 | 5.0000 |"]
+    assert summary == (
+        "Over 2 round(s): single-client latency / `generate` **1.500x** (1.333–2.000); throughput batched / "
+        "`--max-batch 1` at 16 clients **1.83x** (1.67–2.00; mean batch 13.5); the sampler's own batch-16 speed-up, "
+        "N x t(batch 1) / t(batch N), **1.60x** (1.50–1.70). Single-client outputs equal to the library: 2/2.")
+    assert env == P.environment_line(_ENV)
