@@ -505,6 +505,35 @@ def busy_rounds(r: Results) -> str:
     return md(["variant", "threads", "sampler", "idle s, median", "loaded s, median", "loaded / idle (range)"], rows)
 
 
+_BUSY_SETTING = {"openmp-default": "OpenMP's own", "configure-process": "`configure_process()`",
+                 "passive": "`configure_process(openmp_wait=\"passive\")`",
+                 "wait-unchanged": "`configure_process(openmp_wait=\"unchanged\")`",
+                 "one-thread": "`configure_process(threads=1, openmp_wait=\"unchanged\")`"}
+
+
+def busy_summary(*rs: Results) -> str:
+    """Several `bench_busy.py --json` runs in one table: per run and variant, loaded / idle of each sampler (median
+    and range over rounds; the library's bold where the CLI's settings apply); for a run with both OpenMP's own
+    waiting and `configure_process()`, their idle and loaded medians side by side."""
+    rows = []
+    for r in rs:
+        for v in r["variants"]:
+            def cell(s: str, v: str = v) -> str:
+                e = r["table"][v][s]
+                ratio = f"{e['ratio']:.2f}x"
+                if v == "configure-process" and not s.startswith("authors_"):
+                    ratio = f"**{ratio}**"
+                return f"{ratio} ({min(e['ratio_rounds']):.2f}–{max(e['ratio_rounds']):.2f})"
+            rows.append([f"{_BUSY_SETTING.get(v, v)}, NFE {r['nfe']}, {r['rounds']} rounds: loaded / idle",
+                         *(cell(s) for s in _BUSY_SAMPLERS)])
+        if "openmp-default" in r["variants"] and "configure-process" in r["variants"]:
+            for phase in ("idle", "loaded"):
+                rows.append([f"NFE {r['nfe']}, {phase} phase: OpenMP's own → `configure_process()`, s",
+                             *(f"{r['table']['openmp-default'][s][f'{phase}_median_s']:.3f} → "
+                               f"{r['table']['configure-process'][s][f'{phase}_median_s']:.3f}" for s in _BUSY_SAMPLERS)])
+    return md(["comparison", "SDE, library", "SDE, restatement", "remasking, library", "remasking, restatement"], rows)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 
 TABLES = {t.name: t for t in (
@@ -549,6 +578,8 @@ TABLES = {t.name: t for t in (
     PageTable("busy-nfe16", "process-settings.md", ("busy_nfe16.json",), busy_rounds),
     PageTable("busy-nfe16-r5", "process-settings.md", ("busy_nfe16_r5.json",), busy_rounds),
     PageTable("busy-nfe4", "process-settings.md", ("busy_nfe4_default.json",), busy_rounds),
+    PageTable("busy-summary", "process-settings.md", ("busy_nfe16.json", "busy_nfe16_r5.json",
+                                                       "busy_nfe4_default.json"), busy_summary),
     # serving.md
     PageTable("serve-cpu-d64", "serving.md", ("serve_cpu_d64.json",), serve_rounds_summary),
     PageTable("serve-cpu-d128", "serving.md", ("serve_cpu_d128.json",), serve_rounds_summary),
@@ -589,15 +620,6 @@ NOT_GENERATED = (
     NotGenerated("precision-memory.md", "Weight memory of LLaDA-8B as a DSL model (`convert --dry-run`)",
                  "counted from `config.json` by `dsl-llada convert --dry-run` and quoted as its output, not a "
                  "benchmark result"),
-    NotGenerated("process-settings.md", "OpenMP waiting: what the CLI sets (2026-11-27)",
-                 "six runs of `bench_percall.py parts --rounds 1` printed without --json"),
-    NotGenerated("process-settings.md", "The library on a busy machine (2026-11-29)",
-                 "the cause table is one exploratory run (one process per setting, printed, no results file); the "
-                 "summary table restates the three `bench_busy.py` tables below, which are generated"),
-    NotGenerated("process-settings.md", "Passive OpenMP waiting on an idle machine (toy)",
-                 f"`bench_threads.py` {_NO_JSON}"),
-    NotGenerated("process-settings.md", "Thread default under contention (toy)",
-                 "`bench_threads.py` printed without --json"),
     NotGenerated("toy-frontier.md", "The demo (`dsl-llada demo`), 2-core CPU, fp32",
                  "stage times of one demo run from a clean clone (its log and `config.json`), not a benchmark script's "
                  "results"),

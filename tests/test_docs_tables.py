@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 42 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 43 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md"}
 
 
@@ -114,11 +114,11 @@ def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_pat
             "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
     assert "FAIL: 1 problem(s)" in out
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 1 of 42 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert "wrote 1 of 43 page table(s) that differed: gpu-batched" in capsys.readouterr().out
     assert page.read_text() == original
     assert D.main(["--check-pages", "--docs", str(docs)]) == 0
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 0 of 42" in capsys.readouterr().out
+    assert "wrote 0 of 43" in capsys.readouterr().out
 
 
 def test_a_changed_result_shows_on_its_page(tmp_path):
@@ -173,7 +173,7 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 16
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 12
     assert all(n.reason for n in P.NOT_GENERATED)
 
 
@@ -207,3 +207,24 @@ def test_serve_rounds_summary_renders_table_ratios_and_environment():
         "`--max-batch 1` at 16 clients **1.83x** (1.67–2.00; mean batch 13.5); the sampler's own batch-16 speed-up, "
         "N x t(batch 1) / t(batch N), **1.60x** (1.50–1.70). Single-client outputs equal to the library: 2/2.")
     assert env == P.environment_line(_ENV)
+
+
+def _busy(nfe: int, variants: list[str], ratio: float) -> dict:
+    entry = {"ratio": ratio, "ratio_rounds": [ratio - 0.5, ratio, ratio + 1.0], "idle_median_s": 0.25,
+             "loaded_median_s": 0.25 * ratio}
+    return {"nfe": nfe, "rounds": 3, "variants": variants,
+            "table": {v: {s: dict(entry) for s in ("sde", "authors_sde", "remask", "authors_remask")} for v in variants}}
+
+
+def test_busy_summary_rows_per_run_and_variant_with_phase_rows_for_both_settings():
+    text = P.busy_summary(_busy(16, ["passive"], 3.0), _busy(4, ["openmp-default", "configure-process"], 2.0))
+    lines = text.splitlines()
+    assert len(lines) == 2 + 1 + 2 + 2
+    assert lines[2] == ('| `configure_process(openmp_wait="passive")`, NFE 16, 3 rounds: loaded / idle | 3.00x (2.50–4.00) | '
+                        '3.00x (2.50–4.00) | 3.00x (2.50–4.00) | 3.00x (2.50–4.00) |')
+    assert lines[3].startswith("| OpenMP's own, NFE 4, 3 rounds: loaded / idle | 2.00x (1.50–3.00) |")
+    assert lines[4] == ("| `configure_process()`, NFE 4, 3 rounds: loaded / idle | **2.00x** (1.50–3.00) | 2.00x (1.50–3.00) "
+                        "| **2.00x** (1.50–3.00) | 2.00x (1.50–3.00) |")
+    assert lines[5] == ("| NFE 4, idle phase: OpenMP's own → `configure_process()`, s | 0.250 → 0.250 | 0.250 → 0.250 | "
+                        "0.250 → 0.250 | 0.250 → 0.250 |")
+    assert lines[6].startswith("| NFE 4, loaded phase: OpenMP's own → `configure_process()`, s | 0.500 → 0.500 |")
