@@ -534,6 +534,30 @@ def busy_summary(*rs: Results) -> str:
     return md(["comparison", "SDE, library", "SDE, restatement", "remasking, library", "remasking, restatement"], rows)
 
 
+# ------------------------------------------------------------------------------------------------ bench_demo.py
+
+_DEMO_STAGES = {"pretrain_s": "pretraining the masked DLM (MDM)", "dsl_s": "DSL adaptation of the base",
+                "mdm_s": "MDM continued-pretraining control", "xdlm_s": "XDLM control",
+                "sampling_s": "sampling + scoring", "bayes_floor_s": "Bayes-floor table", "tv_s": "TV distances",
+                "total_s": "demo total (`total_s`)"}
+_DEMO_VARIANTS = {"native": "default demo", "avx2": "default, `ATEN_CPU_CAPABILITY=avx2`", "quick": "`--quick`"}
+
+
+def demo_runs(r: Results) -> str:
+    """`bench_demo.py --json`: per stage (the demo's own `timings_s`) and for the whole process, each variant's
+    seconds; under it, the kernel path each run recorded and the environment line."""
+    runs = {v: r["runs"][v] for v in r["variants"]}
+    keys = [k for k in _DEMO_STAGES if any(k in x["timings_s"] for x in runs.values())]
+    keys += sorted({k for x in runs.values() for k in x["timings_s"]} - set(keys))
+    rows = [[_DEMO_STAGES.get(k, k), *(_f(x["timings_s"].get(k), 0) for x in runs.values())] for k in keys]
+    rows.append(["whole command (the process)", *(_f(x["wall_s"], 0) for x in runs.values())])
+    table = md(["stage, seconds", *(_DEMO_VARIANTS.get(v, v) for v in runs)], rows)
+    paths = ", ".join(f"{_DEMO_VARIANTS.get(v, v)} {(x.get('demo_environment') or {}).get('cpu_capability', '?')}"
+                      for v, x in runs.items())
+    return "\n\n".join([table, f"Kernel path each run recorded (`cpu_capability`): {paths}.",
+                         environment_line(r.get("environment"))])
+
+
 # ------------------------------------------------------------------------------------------------- registry
 
 TABLES = {t.name: t for t in (
@@ -580,6 +604,8 @@ TABLES = {t.name: t for t in (
     PageTable("busy-nfe4", "process-settings.md", ("busy_nfe4_default.json",), busy_rounds),
     PageTable("busy-summary", "process-settings.md", ("busy_nfe16.json", "busy_nfe16_r5.json",
                                                        "busy_nfe4_default.json"), busy_summary),
+    # toy-frontier.md
+    PageTable("demo-runs", "toy-frontier.md", ("demo_runs.json",), demo_runs),
     # serving.md
     PageTable("serve-cpu-d64", "serving.md", ("serve_cpu_d64.json",), serve_rounds_summary),
     PageTable("serve-cpu-d128", "serving.md", ("serve_cpu_d128.json",), serve_rounds_summary),
@@ -620,9 +646,6 @@ NOT_GENERATED = (
     NotGenerated("precision-memory.md", "Weight memory of LLaDA-8B as a DSL model (`convert --dry-run`)",
                  "counted from `config.json` by `dsl-llada convert --dry-run` and quoted as its output, not a "
                  "benchmark result"),
-    NotGenerated("toy-frontier.md", "The demo (`dsl-llada demo`), 2-core CPU, fp32",
-                 "stage times of one demo run from a clean clone (its log and `config.json`), not a benchmark script's "
-                 "results"),
     NotGenerated("toy-frontier.md", "Every sampler on the toy world: exact quality against samples per second",
                  "`dsl-llada demo --cache-frontier` writes its points into the demo's output folder "
                  "(`OUT/cache_frontier/runs.jsonl`), which is not kept under benchmarks/results/"),

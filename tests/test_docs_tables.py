@@ -96,8 +96,8 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 43 and {t.page for t in P.TABLES.values()} == {
-        "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md"}
+    assert len(P.TABLES) == 44 and {t.page for t in P.TABLES.values()} == {
+        "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md", "toy-frontier.md"}
 
 
 def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_path, capsys, monkeypatch):
@@ -114,11 +114,11 @@ def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_pat
             "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
     assert "FAIL: 1 problem(s)" in out
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 1 of 43 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert "wrote 1 of 44 page table(s) that differed: gpu-batched" in capsys.readouterr().out
     assert page.read_text() == original
     assert D.main(["--check-pages", "--docs", str(docs)]) == 0
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 0 of 43" in capsys.readouterr().out
+    assert "wrote 0 of 44" in capsys.readouterr().out
 
 
 def test_a_changed_result_shows_on_its_page(tmp_path):
@@ -173,7 +173,7 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 12
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 11
     assert all(n.reason for n in P.NOT_GENERATED)
 
 
@@ -228,3 +228,18 @@ def test_busy_summary_rows_per_run_and_variant_with_phase_rows_for_both_settings
     assert lines[5] == ("| NFE 4, idle phase: OpenMP's own → `configure_process()`, s | 0.250 → 0.250 | 0.250 → 0.250 | "
                         "0.250 → 0.250 | 0.250 → 0.250 |")
     assert lines[6].startswith("| NFE 4, loaded phase: OpenMP's own → `configure_process()`, s | 0.500 → 0.500 |")
+
+
+def test_demo_runs_rows_per_stage_and_variant_with_kernel_paths():
+    r = {"variants": ["native", "quick"], "environment": _ENV, "runs": {
+        "native": {"wall_s": 230.6, "timings_s": {"dsl_s": 131.4, "sampling_s": 64.0, "total_s": 221.2},
+                   "demo_environment": {"cpu_capability": "AVX512"}},
+        "quick": {"wall_s": 45.2, "timings_s": {"dsl_s": 20.0, "total_s": 41.0, "extra_s": 1.0},
+                  "demo_environment": {"cpu_capability": "AVX512"}}}}
+    table, paths, env = P.demo_runs(r).split("\n\n")
+    assert table.splitlines() == [
+        "| stage, seconds | default demo | `--quick` |", "|---|---|---|",
+        "| DSL adaptation of the base | 131 | 20 |", "| sampling + scoring | 64 | - |",
+        "| demo total (`total_s`) | 221 | 41 |", "| extra_s | - | 1 |", "| whole command (the process) | 231 | 45 |"]
+    assert paths == "Kernel path each run recorded (`cpu_capability`): default demo AVX512, `--quick` AVX512."
+    assert env == P.environment_line(_ENV)
