@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import command_line, run_environment, write_text
+from benchlib import command_line, write_text
 
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "native": ([], {}),
@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
     check_args(ap, a)
+    from dsl_llada.runtime.environment import environment_record, finish_record
+
+    environment = environment_record()  # its load average at the start; finish_record adds the end's
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     runs = {}
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = run_variant(name, work, a.timeout_s)
         print(f"{name}: {runs[name]['wall_s']:.1f} s (demo total {runs[name]['timings_s'].get('total_s')} s)",
               file=sys.stderr, flush=True)
-    record = {"command": command_line(), "variants": a.variants, "runs": runs, "environment": run_environment()}
+    record = {"command": command_line(), "variants": a.variants, "runs": runs, "environment": finish_record(environment)}
     text = json.dumps(record, indent=1, sort_keys=True, default=str) + "\n"
     if a.json is not None:
         write_text(a.json, text)
