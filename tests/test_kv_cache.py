@@ -213,7 +213,12 @@ def test_cache_frontier_rows_table_plot_and_resume(tmp_path, monkeypatch):
     assert f"Timed with {torch.get_num_threads()} thread(s); 1-minute load average at the timed runs " in table
     assert all(len(r["loads"]) == 2 and r["threads"] == [torch.get_num_threads()] for r in rows)
     assert (out / "frontier.png").stat().st_size > 10_000
-    assert json.loads((out / "config.json").read_text())["frontier"] == fc.to_dict()
+    config = json.loads((out / "config.json").read_text())
+    assert config["frontier"] == json.loads(json.dumps(fc.to_dict()))
+    assert config["keys"] == [r["key"] for r in rows] and config["reference"]["open"]["in_support"] == 100.0
+    from dsl_llada.toy.frontier_report import render_run
+
+    assert render_run(runs, config) == table  # the run's two files alone give the demo's report, verbatim
 
     def no_sampling(*a, **k):
         raise AssertionError("a finished frontier must not sample again")

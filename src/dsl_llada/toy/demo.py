@@ -448,12 +448,15 @@ class Demo:
             models |= oracle_models(self.world, self.special, dsl)
         rows = run_frontier(models, self.world, self.tok, evals, out, fc,
                             gen_length=self.gen_length, progress=self.progress, echo=self.echo)
+        reference = reference_rows(self.world, evals)
         with staged_files(out, FRONTIER_FILES, report="frontier.md") as stage:  # the report last, as one set
+            # with runs.jsonl, config.json holds every input of frontier.md (`frontier_report.render_run`)
             atomic_write_text(stage / "config.json", json.dumps(
                 {"run_id": self.run_id, "files": sorted(FRONTIER_FILES), "demo": self.cfg.to_dict(),
-                 "frontier": fc.to_dict(), "world": self.world.config.to_dict(),
-                 "environment": finish_record(self.environment)}, indent=2) + "\n")
-            write_frontier(rows, fc, reference_rows(self.world, evals), stage)
+                 "frontier": fc.to_dict(), "keys": [r["key"] for r in rows], "reference": reference,
+                 "world": self.world.config.to_dict(), "environment": finish_record(self.environment)},
+                indent=2) + "\n")
+            write_frontier(rows, fc.to_dict(), reference, stage)
         return rows
 
     def write(self, records, rows, fixclean, models, floors=()) -> None:

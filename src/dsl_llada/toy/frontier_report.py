@@ -15,7 +15,7 @@ ROUGE-L): the fastest row of the trained models that reaches it. Oracle rows are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..eval.report import markdown_table
 from ..stats import format_interval, separated
 from ..artifacts.atomic import atomic_write_text
 from ..artifacts.figures import save_figure
-from .cache_frontier import FAMILIES, REFERENCE_OF, SAMPLERS, FrontierConfig, is_exact, is_reference
+from .frontier_points import FAMILIES, REFERENCE_OF, SAMPLERS, frontier_rows, is_exact, is_reference
 
 QUALITY = (("open", "ppl", "open PPL"), ("open", "in_support", "in-support %"),
            ("open", "premature_eos%", "premature EOS %"), ("summarize", "rougeL", "ROUGE-L"))
@@ -164,8 +164,10 @@ def _pick(r: dict[str, Any] | None, key: str) -> str:
             f"ROUGE-L {format_interval(s.get('rougeL'), s.get('rougeL_ci'), '.1f')}")
 
 
-def level_table(rows: Sequence[dict[str, Any]], fc: FrontierConfig | None = None) -> str:
-    batch = f"batch {fc.batch_size}" if fc is not None else "the quality batch"
+def level_table(rows: Sequence[dict[str, Any]], settings: Mapping[str, Any] | None = None) -> str:
+    """Per quality level (`LEVEL_METRICS`): the fastest trained row that reaches it, at the quality batch of
+    `settings` (the run's `FrontierConfig.to_dict()`) and at batch 1."""
+    batch = f"batch {settings['batch_size']}" if settings is not None else "the quality batch"
     lines = []
     for task, key, name, levels in LEVEL_METRICS:
         lines += [f"| {name} | fastest at {batch} | fastest at batch 1 |", "|---|---|---|"]
@@ -203,21 +205,25 @@ def _table_row(r: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
             "ok": "–" if ref is None else ("yes" if within_exact(r, ref) else "no")}
 
 
-def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any]) -> str:
+def render_frontier(rows: Sequence[dict[str, Any]], settings: Mapping[str, Any], reference: dict[str, Any]) -> str:
+    """The report's Markdown: what was measured (from `settings`, the run's `FrontierConfig.to_dict()`), the table
+    (one line per row, then `reference`: the world's own samples on the same prompts), the recommended points and
+    the per-level picks. Reads JSON values only, so a run's files (`render_run`) give the same text."""
+    fc = settings
     refs = {r["sampler"]: r for r in _trained(rows) if is_reference(r)}
     table = [_table_row(r, None if r.get("oracle") else refs.get(REFERENCE_OF.get(r["sampler"], r["sampler"])))
              for r in rows]
     table.append(_table_row({"sampler": "World (true samples)", "label": "–", **reference}, None))
     n = rows[0]["n"] if rows else 0
-    b1 = f" and at batch 1 on the first {fc.batch1_prompts} prompts" if fc.batch1_prompts else ""
-    intro = (f"Every sampler on the toy world: {n} held-out prompts ({fc.n_open} open-ended, {fc.n_summarize} "
-             f"summarisation); DSL model: Block SDE over {fc.blocks} blocks (NFE per block) and whole-response SDE; "
-             f"pretrained MDM: block remasking over {fc.blocks} blocks with EOS banned, fixed-step (default "
-             f"{fc.remask_steps} steps), with confidence threshold tau (at most one step per token) and ReMDM; "
+    b1 = f" and at batch 1 on the first {fc['batch1_prompts']} prompts" if fc['batch1_prompts'] else ""
+    intro = (f"Every sampler on the toy world: {n} held-out prompts ({fc['n_open']} open-ended, {fc['n_summarize']} "
+             f"summarisation); DSL model: Block SDE over {fc['blocks']} blocks (NFE per block) and whole-response SDE; "
+             f"pretrained MDM: block remasking over {fc['blocks']} blocks with EOS banned, fixed-step (default "
+             f"{fc['remask_steps']} steps), with confidence threshold tau (at most one step per token) and ReMDM; "
              f"Oracle rows: the same samplers on the exact denoisers (the ceiling; their time is not a speed figure). "
-             f"Samples per second at batch {fc.batch_size}{b1}, median over {fc.rounds} interleaved round(s) (range "
+             f"Samples per second at batch {fc['batch_size']}{b1}, median over {fc['rounds']} interleaved round(s) (range "
              f"in brackets); passes = backbone forward passes of the call that made a response (mean; at batch "
-             f"{fc.batch_size}, a threshold-decoded batch runs each block until its slowest row is done). Cache: R "
+             f"{fc['batch_size']}, a threshold-decoded batch runs each block until its slowest row is done). Cache: R "
              f"= a full forward every R model calls of a block ('never' = only at the block's first call), 'dual' "
              f"recomputes the current block only, 'prefix' the block and everything after it. bf16 = backbone in bf16 "
              f"(converter softmax, posterior and SDE state fp32); sparse TOL = sparse converter at that tolerance. "
@@ -232,12 +238,12 @@ def render_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, referenc
                   f"{min(loads):.1f}–{max(loads):.1f} (above the thread count means other work shared the CPUs).\n\n")
     recs = "".join(f"- {line}\n" for line in recommendation_lines(rows))
     thr = threshold_line(rows)
-    text = intro + markdown_table(table, COLUMNS)
+    text = intro + markdown_table(table, COLUMNS).rstrip("\n") + "\n"  # a blank line ends the table
     if recs:
         text += "\nRecommended points:\n\n" + recs + (f"- {thr}\n" if thr else "")
     if any((r.get("open") or {}).get("complete") is not None for r in rows):
         text += ("\nWhich sampler to pick at each quality level (trained models; the fastest row that reaches it, "
-                 "so rows whose speed ranges overlap are as good a pick):\n\n" + level_table(rows, fc))
+                 "so rows whose speed ranges overlap are as good a pick):\n\n" + level_table(rows, settings))
     return text
 
 
@@ -295,8 +301,15 @@ def plot_frontier(rows: Sequence[dict[str, Any]], path: Path, reference: dict[st
     return save_figure(fig, path, dpi=110)
 
 
-def write_frontier(rows: Sequence[dict[str, Any]], fc: FrontierConfig, reference: dict[str, Any], out: Path) -> None:
+def render_run(runs: Sequence[dict[str, Any]], config: Mapping[str, Any]) -> str:
+    """`render_frontier` from a run's files alone: its runs.jsonl lines and its config.json (`keys`: the variants in
+    table order, `frontier`: the settings, `reference`: the world's own samples), exactly the demo's frontier.md."""
+    return render_frontier(frontier_rows(runs, config["keys"]), config["frontier"], config["reference"])
+
+
+def write_frontier(rows: Sequence[dict[str, Any]], settings: Mapping[str, Any], reference: dict[str, Any],
+                   out: Path) -> None:
     """OUT/frontier.md (the table, the recommended points, the per-level picks) and OUT/frontier.png."""
     out = Path(out)
-    atomic_write_text(out / "frontier.md", render_frontier(rows, fc, reference))
+    atomic_write_text(out / "frontier.md", render_frontier(rows, settings, reference))
     plot_frontier(rows, out / "frontier.png", reference)
