@@ -558,6 +558,15 @@ def demo_runs(r: Results) -> str:
                          environment_line(r.get("environment"))])
 
 
+def cache_frontier(runs: Results, config: Results) -> str:
+    """`dsl-llada demo --cache-frontier`: the demo's own report, `OUT/cache_frontier/frontier.md` (the library's
+    `frontier_report.render_run` from the run's runs.jsonl and config.json: settings, the table, the recommended
+    points, the per-level picks), then the environment line of the run's config.json."""
+    from dsl_llada.toy.frontier_report import render_run  # torch-free: the report reads the runs' JSON only
+
+    return render_run(runs, config).rstrip("\n") + "\n\n" + environment_line(config.get("environment"))
+
+
 # ------------------------------------------------------------------------------------------------- registry
 
 TABLES = {t.name: t for t in (
@@ -606,6 +615,8 @@ TABLES = {t.name: t for t in (
                                                        "busy_nfe4_default.json"), busy_summary),
     # toy-frontier.md
     PageTable("demo-runs", "toy-frontier.md", ("demo_runs.json",), demo_runs),
+    PageTable("cache-frontier", "toy-frontier.md", ("cache_frontier_cpu.jsonl", "cache_frontier_cpu_config.json"),
+              cache_frontier),
     # serving.md
     PageTable("serve-cpu-d64", "serving.md", ("serve_cpu_d64.json",), serve_rounds_summary),
     PageTable("serve-cpu-d128", "serving.md", ("serve_cpu_d128.json",), serve_rounds_summary),
@@ -646,9 +657,6 @@ NOT_GENERATED = (
     NotGenerated("precision-memory.md", "Weight memory of LLaDA-8B as a DSL model (`convert --dry-run`)",
                  "counted from `config.json` by `dsl-llada convert --dry-run` and quoted as its output, not a "
                  "benchmark result"),
-    NotGenerated("toy-frontier.md", "Every sampler on the toy world: exact quality against samples per second",
-                 "`dsl-llada demo --cache-frontier` writes its points into the demo's output folder "
-                 "(`OUT/cache_frontier/runs.jsonl`), which is not kept under benchmarks/results/"),
 )
 
 

@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 44 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 45 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md", "toy-frontier.md"}
 
 
@@ -173,7 +173,7 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 11
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 10
     assert all(n.reason for n in P.NOT_GENERATED)
 
 
@@ -243,3 +243,61 @@ def test_demo_runs_rows_per_stage_and_variant_with_kernel_paths():
         "| demo total (`total_s`) | 221 | 41 |", "| extra_s | - | 1 |", "| whole command (the process) | 231 | 45 |"]
     assert paths == "Kernel path each run recorded (`cpu_capability`): default demo AVX512, `--quick` AVX512."
     assert env == P.environment_line(_ENV)
+
+
+_FRONTIER_Q = {"open": {"ppl": 5.0, "ppl_ci": [4.0, 6.0], "in_support": 90.0, "in_support_ci": [80.0, 100.0],
+                        "premature_eos%": 10.0, "premature_eos%_ci": [0.0, 20.0], "complete": 80.0,
+                        "complete_ci": [70.0, 90.0]},
+               "summarize": {"rougeL": 50.0, "rougeL_ci": [45.0, 55.0]}}
+
+
+def _frontier_run(key, rnd, label, mode, sec, load, **extra):
+    return {"key": key, "round": rnd, "sampler": "Block remasking", "mode": mode, "refresh": 1 if mode == "off" else 0,
+            "label": label, "n": 2, "config": {"steps": 32}, "seconds_per_sample": sec, "forward_passes": 32.0,
+            "load_average": load, "threads": 2, **extra}
+
+
+def test_cache_frontier_renders_the_demos_report_from_runs_and_config():
+    runs = [_frontier_run("a", 0, "R=1 (exact)", "off", 0.1, 1.5, ids=[[1, 2], [3, 4]], **_FRONTIER_Q),
+            _frontier_run("b", 0, "dual, R=never", "dual", 0.05, 2.5, ids=[[1, 2], [3, 5]], **_FRONTIER_Q),
+            _frontier_run("stale", 0, "prefix, R=2", "prefix", 0.01, 1.0, ids=[[1, 2], [3, 4]], **_FRONTIER_Q),
+            _frontier_run("a", 1, "R=1 (exact)", "off", 0.2, 1.75), _frontier_run("b", 1, "dual, R=never", "dual", 0.04, 2.0)]
+    settings = {"n_open": 1, "n_summarize": 1, "blocks": 4, "remask_steps": 32, "batch_size": 8, "batch1_prompts": 0,
+                "rounds": 2}
+    config = {"frontier": settings, "keys": ["a", "b"], "environment": _ENV,
+              "reference": {"open": {"ppl": 4.95, "in_support": 100.0, "premature_eos%": 0.0},
+                            "summarize": {"rougeL": 77.2}}}
+    text = P.cache_frontier(runs, config)
+    lines = text.splitlines()
+    assert lines[0].startswith("Every sampler on the toy world: 2 held-out prompts (1 open-ended, 1 summarisation)")
+    assert "Samples per second at batch 8, median over 2 interleaved round(s)" in lines[0]
+    assert lines[2] == ("Timed with 2 thread(s); 1-minute load average at the timed runs 1.5–2.5 (above the thread "
+                        "count means other work shared the CPUs).")
+    table = lines[4:9]
+    assert table[2:] == [  # in the config's key order; a key the config does not list ('stale') is left out
+        "| Block remasking | R=1 (exact) | 6.7 (5.0–10.0) | – | 32.0 | 1.00 | 100.0 | 5.00 [4.00, 6.00] | 90 [80, 100] | "
+        "10 [0, 20] | 80 [70, 90] | 50.0 [45.0, 55.0] | yes |",
+        "| Block remasking | dual, R=never | 22.2 (20.0–25.0) | – | 32.0 | 3.33 | 75.0 | 5.00 [4.00, 6.00] | "
+        "90 [80, 100] | 10 [0, 20] | 80 [70, 90] | 50.0 [45.0, 55.0] | yes |",
+        "| World (true samples) | – | – | – | – | – | – | 4.95 | 100 | 0 | – | 77.2 | – |"]
+    assert lines[9:12] == ["", "Recommended points:", ""]  # a blank line ends the table
+    assert lines[12] == ("- Block remasking: recommended Block remasking [dual, R=never] at 22.2 samples/s, 3.33x exact "
+                         "fp32 Block remasking [R=1 (exact)] (6.7 samples/s); quality intervals overlap the reference's")
+    assert "| >= 75 | Block remasking [dual, R=never]: 22.2/s; complete 80 [70, 90] %, PPL 5.00, ROUGE-L 50.0 " \
+           "[45.0, 55.0] | none reaches it |" in lines
+    assert lines[-1] == P.environment_line(_ENV)
+
+    from dsl_llada.toy.frontier_report import render_run
+
+    assert text == render_run(runs, config).rstrip("\n") + "\n\n" + P.environment_line(_ENV)  # the library's report, verbatim
+    other = P.cache_frontier(runs, config | {"keys": ["b", "a"]})
+    assert other.index("| dual, R=never |") < other.index("| R=1 (exact) |")
+
+
+def test_the_frontier_report_imports_without_torch():
+    import subprocess
+
+    code = "import sys, dsl_llada.toy.frontier_report, dsl_llada.toy.frontier_points; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(P.__file__).resolve().parents[1] / "src")})
+    assert out.stdout.strip() == "False"
