@@ -11,6 +11,9 @@ EOS %, summarisation ROUGE-L: 95 % bootstrap intervals over prompts) overlaps th
   remasking family's reference.
 Per quality level (the share of open-ended answers that are complete and inside the world's support; summarisation
 ROUGE-L): the fastest row of the trained models that reaches it. Oracle rows are the ceiling: quality only, never recommended.
+
+Everything here reads JSON values only and imports no torch: `render_run` gives frontier.md from a run's
+runs.jsonl and config.json alone (docs/benchmarks/toy-frontier.md renders its block with it).
 """
 
 from __future__ import annotations
@@ -209,21 +212,20 @@ def render_frontier(rows: Sequence[dict[str, Any]], settings: Mapping[str, Any],
     """The report's Markdown: what was measured (from `settings`, the run's `FrontierConfig.to_dict()`), the table
     (one line per row, then `reference`: the world's own samples on the same prompts), the recommended points and
     the per-level picks. Reads JSON values only, so a run's files (`render_run`) give the same text."""
-    fc = settings
     refs = {r["sampler"]: r for r in _trained(rows) if is_reference(r)}
     table = [_table_row(r, None if r.get("oracle") else refs.get(REFERENCE_OF.get(r["sampler"], r["sampler"])))
              for r in rows]
     table.append(_table_row({"sampler": "World (true samples)", "label": "–", **reference}, None))
     n = rows[0]["n"] if rows else 0
-    b1 = f" and at batch 1 on the first {fc['batch1_prompts']} prompts" if fc['batch1_prompts'] else ""
-    intro = (f"Every sampler on the toy world: {n} held-out prompts ({fc['n_open']} open-ended, {fc['n_summarize']} "
-             f"summarisation); DSL model: Block SDE over {fc['blocks']} blocks (NFE per block) and whole-response SDE; "
-             f"pretrained MDM: block remasking over {fc['blocks']} blocks with EOS banned, fixed-step (default "
-             f"{fc['remask_steps']} steps), with confidence threshold tau (at most one step per token) and ReMDM; "
+    b1 = f" and at batch 1 on the first {settings['batch1_prompts']} prompts" if settings['batch1_prompts'] else ""
+    intro = (f"Every sampler on the toy world: {n} held-out prompts ({settings['n_open']} open-ended, {settings['n_summarize']} "
+             f"summarisation); DSL model: Block SDE over {settings['blocks']} blocks (NFE per block) and whole-response SDE; "
+             f"pretrained MDM: block remasking over {settings['blocks']} blocks with EOS banned, fixed-step (default "
+             f"{settings['remask_steps']} steps), with confidence threshold tau (at most one step per token) and ReMDM; "
              f"Oracle rows: the same samplers on the exact denoisers (the ceiling; their time is not a speed figure). "
-             f"Samples per second at batch {fc['batch_size']}{b1}, median over {fc['rounds']} interleaved round(s) (range "
+             f"Samples per second at batch {settings['batch_size']}{b1}, median over {settings['rounds']} interleaved round(s) (range "
              f"in brackets); passes = backbone forward passes of the call that made a response (mean; at batch "
-             f"{fc['batch_size']}, a threshold-decoded batch runs each block until its slowest row is done). Cache: R "
+             f"{settings['batch_size']}, a threshold-decoded batch runs each block until its slowest row is done). Cache: R "
              f"= a full forward every R model calls of a block ('never' = only at the block's first call), 'dual' "
              f"recomputes the current block only, 'prefix' the block and everything after it. bf16 = backbone in bf16 "
              f"(converter softmax, posterior and SDE state fp32); sparse TOL = sparse converter at that tolerance. "
