@@ -7,7 +7,7 @@
             time (needs a finished default demo's checkpoints)
   fp-drift  which floating-point differences (threads, CPU kernels, batch layout) reach the toy demo's results
 
-Usage:  python benchmarks/bench_approx.py kv-cache --rounds 3 --write
+Usage:  python benchmarks/bench_approx.py kv-cache --rounds 3 --json benchmarks/results/approx_kv_cache.json
 """
 
 from __future__ import annotations

@@ -565,6 +565,56 @@ def cache_frontier(runs: Results, config: Results) -> str:
     from dsl_llada.toy.frontier_report import render_run  # torch-free: the report reads the runs' JSON only
 
     return render_run(runs, config).rstrip("\n") + "\n\n" + environment_line(config.get("environment"))
+# ------------------------------------------------------------------- bench_approx.py, bench_eval.py, memory
+
+
+def approx_kv_cache(r: Results) -> str:
+    """`bench_approx.py kv-cache --json`: per sampler and cache setting, seconds per sample (median, range over the
+    rounds), the speed-up over the exact sampler's median and the share of tokens equal to the exact sampler's."""
+    rows = [[x["sampler"], x["cache"], f"{x['median_s']:.3f} ({x['min_s']:.3f}–{x['max_s']:.3f})",
+             f"{x['speedup']:.2f}×", f"{x['same_tokens']:.1f}"] for x in r["rows"]]
+    return md(["sampler", "cache", "s per sample, median (min–max)", "speed-up", "tokens equal to exact %"], rows) + (
+        f"\n\n{r['rounds']} interleaved round(s). " + environment_line(r.get("environment")))
+
+
+def approx_sparse(r: Results) -> str:
+    """`bench_approx.py sparse --json`: per SDE row of the demo and NFE, the samples and tokens the sparse converter
+    changed, the open-task perplexity exact → sparse and the seconds of both."""
+    rows = [[x["method"], str(x["nfe"]), f"{x['changed_samples']}/{x['samples']}", f"{x['changed_tokens']}/{x['tokens']}",
+             f"{x['ppl_exact']:.2f} → {x['ppl_sparse']:.2f}", f"{x['s_exact']:.2f} / {x['s_sparse']:.2f}"]
+            for x in r["rows"]]
+    changed = sum(x["changed_tokens"] for x in r["rows"])
+    total = sum(x["tokens"] for x in r["rows"])
+    return md(["method", "NFE", "samples changed", "tokens changed", "open PPL exact → sparse", "s exact / sparse"],
+              rows) + (f"\n\n{'A --quick' if r['quick'] else 'The default'} demo, {r['prompts']} held-out prompts, batch "
+                       f"{r['batch_size']}, tolerance {r['tolerance']:g}: {changed} of {total} tokens changed in all. "
+                       + environment_line(r.get("environment")))
+
+
+def eval_overhead(r: Results) -> str:
+    """`bench_eval.py --json`: per clock, the pure sampler's and `run_eval`'s seconds (medians over the rounds), the
+    efficiency sampler / eval of those medians, and each round's own efficiency."""
+    rows = []
+    for clock, key in (("process CPU time", "cpu"), ("wall", "wall")):
+        pure = [x[f"sampler_{key}_s"] for x in r["per_round"]]
+        ev = [x[f"eval_{key}_s"] for x in r["per_round"]]
+        ps, es = statistics.median(pure), statistics.median(ev)
+        rows.append([clock, f"{ps:.2f}", f"{es:.2f}", f"**{ps / es:.3f}**",
+                     ", ".join(f"{a / b:.3f}" for a, b in zip(pure, ev))])
+    return md(["clock", "pure sampler s (median)", "`run_eval` s (median)", "efficiency = sampler / eval",
+               "each round"], rows) + (
+        f"\n\n{r['items']} generation items, {r['rounds']} alternating round(s), {r['threads']} thread(s). "
+        + environment_line(r.get("environment")))
+
+
+def convert_memory(r: Results) -> str:
+    """`bench_convert_memory.py --json`: `convert --dry-run`'s weight memory table (GiB) and the parameter count."""
+    rows = [[x["dtype"] + (" + int8 backbone (--quantize int8)" if x["quantize"] == "int8" else ""),
+             f"{x['backbone_linear_gib']:.2f}", f"{x['backbone_other_gib']:.2f}", f"{x['dsl_converter_and_noise_gib']:.2f}",
+             f"{x['total_gib']:.2f}"] for x in r["rows"]]
+    return md(["weights", "backbone linear GiB", "embedding + norms GiB", "converter + noise table GiB", "total GiB"],
+              rows) + (f"\n\n{r['model']}: d_model {r['d_model']}, {r['n_layers']} layers, vocabulary "
+                       f"{r['vocab_size']:,}, noise dim {r['noise_dim']}: {r['parameters'] / 1e9:.2f} B parameters.")
 
 
 # ------------------------------------------------------------------------------------------------- registry
@@ -579,6 +629,9 @@ TABLES = {t.name: t for t in (
     PageTable("cpu-batch-remask", "cpu-sampling.md", ("batch_remask_buffer.json",), batch_remask),
     PageTable("cpu-walltime", "cpu-sampling.md", ("walltime_cpu_reduced.json",), walltime_long),
     PageTable("cpu-threshold", "cpu-sampling.md", ("threshold_cpu_reduced.json",), threshold_cpu),
+    PageTable("cpu-approx-sparse", "cpu-sampling.md", ("approx_sparse_demo.json",), approx_sparse),
+    PageTable("cpu-approx-kv-cache", "cpu-sampling.md", ("approx_kv_cache.json",), approx_kv_cache),
+    PageTable("cpu-eval-overhead", "cpu-sampling.md", ("eval_overhead.json",), eval_overhead),
     # gpu.md
     PageTable("gpu-walltime", "gpu.md", ("walltime_h200.json",), walltime_by_dataset),
     PageTable("gpu-threshold", "gpu.md", ("threshold_h200.json",), threshold_gpu),
@@ -599,6 +652,7 @@ TABLES = {t.name: t for t in (
     PageTable("small-shape-batch1", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_parts(1)),
     PageTable("small-shape-batch8", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_parts(8)),
     PageTable("small-shape-samples", "precision-memory.md", ("small_shape_fp32_vs_bf16.json",), dtype_speed_samples),
+    PageTable("convert-memory-llada8b", "precision-memory.md", ("convert_memory_llada8b.json",), convert_memory),
     # process-settings.md
     PageTable("threads-summary", "process-settings.md", ("threads_bench_idle.json", "threads_bench_busy.json",
                                                           "threads_toy_idle.json", "threads_toy_busy.json"),
@@ -646,17 +700,9 @@ NOT_GENERATED = (
                  "run with other numbers"),
     NotGenerated("cpu-sampling.md", "SDE call: what the exact top-M selection and the reused slot buffer buy",
                  f"`bench_percall.py ablation` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "Sparse converter on the demo's SDE samples", f"`bench_approx.py sparse` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "Approximate KV caching at the LLaDA-shaped size",
-                 f"`bench_approx.py kv-cache` {_NO_JSON}"),
     NotGenerated("cpu-sampling.md", "One SDE call, part by part: before and after",
                  f"`bench_percall.py parts --before 754fa11` {_NO_JSON} (`percall_parts.json` is the later run "
                  "against 8ab1b4b); " + _PROSE_ONLY),
-    NotGenerated("cpu-sampling.md", "Evaluation runner overhead (cpu, 1 thread, torch 2.13.0+cpu, Python 3.11)",
-                 "`bench_eval.py` printed without --json, before the benchmarks kept JSON results"),
-    NotGenerated("precision-memory.md", "Weight memory of LLaDA-8B as a DSL model (`convert --dry-run`)",
-                 "counted from `config.json` by `dsl-llada convert --dry-run` and quoted as its output, not a "
-                 "benchmark result"),
 )
 
 
@@ -705,6 +751,11 @@ def check_pages(docs: Path, results_dir: Path) -> list[str]:
         m = block_re(t.name).search(page.read_text()) if page.exists() else None
         if m is None:
             problems.append(f"docs/benchmarks/{t.page}: no block for table {t.name!r}")
+            continue
+        missing = [f for f in t.results if not (results_dir / f).is_file()]
+        if missing:
+            problems.append(f"docs/benchmarks/{t.page}: table {t.name!r}: no results file "
+                            f"{', '.join('benchmarks/results/' + f for f in missing)} (run its benchmark with --json)")
             continue
         new, old = render(t, results_dir).splitlines(), m.group(1).rstrip("\n").splitlines()
         diff = _first_difference(old, new)

@@ -37,8 +37,8 @@ SUBCOMMANDS = {
         "quality": ["--demo", "--n-open", "--n-summarize", "--nfe", "--batch-size", "--timing-prompts", "--rounds",
                     "--variant", "--json", "--write"]},
     "bench_approx": {
-        "kv-cache": ["--rounds", "--write"],
-        "sparse": ["--demo-dir", "--tolerance", "--write"],
+        "kv-cache": ["--rounds", "--json"],
+        "sparse": ["--demo-dir", "--quick", "--tolerance", "--json"],
         "fp-drift": ["--steps", "--save", "--compare", "--demo-dir", "--quick"]},
     "bench_serve": {
         "load": ["--model", "--d-model", "--layers", "--device", "--clients", "--requests", "--max-batch", "--max-wait-ms",
@@ -156,3 +156,41 @@ def test_a_rewritten_section_keeps_its_rendered_tables_registered():
         "### T\n\nNew text.\n\n<!-- docs-table: t-one -->\n| a | b |\n|---|---|\n| x | 3 |\n| z | 4 |\n"
         "<!-- /docs-table -->\n\nAfter.\n")
     assert benchlib.keep_table_blocks(old, "### T\n\nNo table.\n") == "### T\n\nNo table.\n"
+
+
+def test_the_convert_memory_benchmark_writes_the_dry_runs_estimate_of_llada_8b(tmp_path):
+    from dsl_llada.core.backbones.llada import LLaDAConfig
+    from dsl_llada.core.quantize import memory_estimate
+
+    out = tmp_path / "res" / "convert_memory_llada8b.json"
+    r = run_script("bench_convert_memory.py", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    cfg = LLaDAConfig(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
+                      weight_tying=False)
+    assert res["rows"] == [memory_estimate(cfg, noise_dim=100, dtype=dt, quantize=q)
+                           for dt, q in (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))]
+    assert (res["model"], res["parameters"], res["noise_dim"]) == ("LLaDA-8B-Instruct", 8546358786, 100)
+    assert res["environment"]["threads"]["intra_op"] == 1 and res["command"].startswith("bench_convert_memory.py")
+    # another config.json and noise dimension: the same function's figures for that shape
+    (tmp_path / "config.json").write_text(json.dumps({"d_model": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 100}))
+    r = run_script("bench_convert_memory.py", "--config", str(tmp_path / "config.json"), "--noise-dim", "8")
+    small = json.loads(r.stdout)
+    assert small["noise_dim"] == 8 and small["rows"][1] == memory_estimate(
+        LLaDAConfig(d_model=64, n_layers=2, n_heads=4, vocab_size=100), noise_dim=8, dtype="bfloat16")
+
+
+def test_the_convert_memory_benchmark_refuses_bad_input_in_one_line(tmp_path):
+    r = run_script("bench_convert_memory.py", "--noise-dim", "0")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --noise-dim 0 is not valid; give 1 or more"
+    (tmp_path / "config.json").write_text(json.dumps({"d_model": 64, "n_layers": 2}))
+    r = run_script("bench_convert_memory.py", "--config", str(tmp_path / "config.json"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "lacks required LLaDA field(s) ['n_heads', 'vocab_size']" in r.stderr
+
+
+@pytest.mark.parametrize(("script", "args"), [("bench_eval.py", ["--rounds", "0"]),
+                                              ("bench_approx.py", ["kv-cache", "--rounds", "0"])])
+def test_zero_rounds_is_one_clear_error(script, args):
+    r = run_script(script, *args, "--threads", "1")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --rounds 0 is not valid; give 1 or more"

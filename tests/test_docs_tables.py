@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 45 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 49 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md", "toy-frontier.md"}
 
 
@@ -173,7 +173,7 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 10
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 6
     assert all(n.reason for n in P.NOT_GENERATED)
 
 
@@ -301,3 +301,78 @@ def test_the_frontier_report_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(Path(P.__file__).resolve().parents[1] / "src")})
     assert out.stdout.strip() == "False"
+
+
+ENV = _ENV
+
+
+def test_the_kv_cache_table_renders_each_variant_with_its_range_speedup_and_agreement():
+    rows = [{"sampler": "Block SDE (NFE 8 per block)", "cache": "exact", "median_s": 1.6294, "min_s": 1.4321,
+             "max_s": 1.7086, "speedup": 1.0, "same_tokens": 100.0},
+            {"sampler": "Block SDE (NFE 8 per block)", "cache": "dual, R=never", "median_s": 1.404, "min_s": 1.127,
+             "max_s": 1.417, "speedup": 1.1605, "same_tokens": 21.875}]
+    out = P.approx_kv_cache({"rounds": 3, "rows": rows, "environment": ENV}).splitlines()
+    assert out[:4] == [
+        "| sampler | cache | s per sample, median (min–max) | speed-up | tokens equal to exact % |",
+        "|---|---|---|---|---|",
+        "| Block SDE (NFE 8 per block) | exact | 1.629 (1.432–1.709) | 1.00× | 100.0 |",
+        "| Block SDE (NFE 8 per block) | dual, R=never | 1.404 (1.127–1.417) | 1.16× | 21.9 |"]
+    assert out[4] == "" and out[5] == "3 interleaved round(s). " + P.environment_line(ENV)
+    assert len(out) == 6
+
+
+def test_the_sparse_converter_table_counts_changes_per_row_and_in_all():
+    rows = [{"method": "DSL-SDE", "nfe": 4, "changed_tokens": 0, "tokens": 2304, "changed_samples": 0, "samples": 72,
+             "ppl_exact": 265.514, "ppl_sparse": 265.514, "s_exact": 0.404, "s_sparse": 0.536},
+            {"method": "DSL-SDE (eta=0)", "nfe": 64, "changed_tokens": 3, "tokens": 2304, "changed_samples": 2,
+             "samples": 72, "ppl_exact": 436.92, "ppl_sparse": 437.1, "s_exact": 5.18, "s_sparse": 5.08}]
+    out = P.approx_sparse({"quick": False, "tolerance": 1e-6, "batch_size": 48, "prompts": 72, "rows": rows,
+                           "environment": ENV}).splitlines()
+    assert out[:4] == [
+        "| method | NFE | samples changed | tokens changed | open PPL exact → sparse | s exact / sparse |",
+        "|---|---|---|---|---|---|",
+        "| DSL-SDE | 4 | 0/72 | 0/2304 | 265.51 → 265.51 | 0.40 / 0.54 |",
+        "| DSL-SDE (eta=0) | 64 | 2/72 | 3/2304 | 436.92 → 437.10 | 5.18 / 5.08 |"]
+    assert out[5].startswith("The default demo, 72 held-out prompts, batch 48, tolerance 1e-06: 3 of 4608 tokens "
+                             "changed in all. Environment: ")
+    quick = P.approx_sparse({"quick": True, "tolerance": 1e-4, "batch_size": 16, "prompts": 24, "rows": rows[:1]})
+    assert quick.splitlines()[-1] == ("A --quick demo, 24 held-out prompts, batch 16, tolerance 0.0001: 0 of 2304 "
+                                      "tokens changed in all. Environment: not recorded.")
+
+
+def test_the_eval_overhead_table_gives_both_clocks_of_the_medians_and_each_round():
+    per_round = [{"sampler_wall_s": 10.0, "eval_wall_s": 8.0, "sampler_cpu_s": 3.0, "eval_cpu_s": 3.2},
+                 {"sampler_wall_s": 12.0, "eval_wall_s": 12.0, "sampler_cpu_s": 3.5, "eval_cpu_s": 3.5},
+                 {"sampler_wall_s": 11.0, "eval_wall_s": 10.0, "sampler_cpu_s": 3.4, "eval_cpu_s": 3.6}]
+    out = P.eval_overhead({"items": 64, "rounds": 3, "threads": 1, "per_round": per_round,
+                           "environment": ENV}).splitlines()
+    assert out[:4] == [
+        "| clock | pure sampler s (median) | `run_eval` s (median) | efficiency = sampler / eval | each round |",
+        "|---|---|---|---|---|",
+        "| process CPU time | 3.40 | 3.50 | **0.971** | 0.938, 1.000, 0.944 |",
+        "| wall | 11.00 | 10.00 | **1.100** | 1.250, 1.000, 1.100 |"]
+    assert out[5] == "64 generation items, 3 alternating round(s), 1 thread(s). " + P.environment_line(ENV)
+
+
+def test_the_convert_memory_table_is_the_dry_runs_table_with_the_parameter_count():
+    rows = [{"dtype": "float32", "quantize": "none", "backbone_linear_gib": 27.934, "backbone_other_gib": 1.9307,
+             "dsl_converter_and_noise_gib": 1.9777, "total_gib": 31.8424},
+            {"dtype": "bfloat16", "quantize": "int8", "backbone_linear_gib": 6.9883, "backbone_other_gib": 0.9653,
+             "dsl_converter_and_noise_gib": 1.0124, "total_gib": 8.966}]
+    out = P.convert_memory({"model": "LLaDA-8B-Instruct", "d_model": 4096, "n_layers": 32, "vocab_size": 126464,
+                            "noise_dim": 100, "parameters": 8546358786, "rows": rows})
+    assert out.splitlines() == [
+        "| weights | backbone linear GiB | embedding + norms GiB | converter + noise table GiB | total GiB |",
+        "|---|---|---|---|---|",
+        "| float32 | 27.93 | 1.93 | 1.98 | 31.84 |",
+        "| bfloat16 + int8 backbone (--quantize int8) | 6.99 | 0.97 | 1.01 | 8.97 |",
+        "",
+        "LLaDA-8B-Instruct: d_model 4096, 32 layers, vocabulary 126,464, noise dim 100: 8.55 B parameters."]
+
+
+def test_a_missing_results_file_is_named_by_the_check(tmp_path):
+    docs, results = _docs_copy(tmp_path), tmp_path / "results"
+    shutil.copytree(D.RESULTS, results)
+    (results / "threshold_h200.json").unlink()
+    assert ("docs/benchmarks/gpu.md: table 'gpu-threshold': no results file benchmarks/results/threshold_h200.json "
+            "(run its benchmark with --json)") in P.check_pages(docs, results)

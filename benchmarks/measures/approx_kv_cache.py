@@ -6,9 +6,10 @@ the forward is a larger share of the work (d_model 256, 4 layers, V 32,768; rand
 says how far the approximation moves a trajectory, not whether the text is good).
 
 Model: LLaDA-shaped (benchlib.llada_shaped), prompt 128 + response 128 in 4 blocks of 32, batch 1, fp32; Block SDE
-NFE 8 per block, block remasking 32 steps. Variants interleaved (rotating order), medians of --rounds.
+NFE 8 per block, block remasking 32 steps. Variants interleaved (rotating order), medians of --rounds. The page's
+table is rendered from the --json results (`python scripts/docs_tables.py --write-pages cpu-approx-kv-cache`).
 
-Usage:  python benchmarks/bench_approx.py kv-cache [--rounds 3] [--write]
+Usage:  python benchmarks/bench_approx.py kv-cache [--rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
 import torch
-from benchlib import command_line, interleave, llada_shaped, machine_line, random_prompts, run_environment, write_section
+from benchlib import interleave, llada_shaped, random_prompts, run_environment, write_json
 
 from dsl_llada.config import RemaskConfig, SDEConfig
 from dsl_llada.sampling.dispatch import sample
@@ -31,11 +33,14 @@ def label(mode: str, refresh: int) -> str:
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds after one untimed call of each variant")
+    ap.add_argument("--json", default=None, help="write the rows, every round's times and this run's environment here")
 
 
 def run(a: argparse.Namespace) -> None:
+    if a.rounds < 1:
+        print(f"error: --rounds {a.rounds} is not valid; give 1 or more", file=sys.stderr)
+        raise SystemExit(2)
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     samplers = {"Block SDE (NFE 8 per block)": SDEConfig(nfe=8, gen_length=128, block_length=32),
@@ -55,15 +60,7 @@ def run(a: argparse.Namespace) -> None:
         med = statistics.median(times[(s, m, r)])
         same = float((ids[(s, m, r)] == ids[(s, "off", 1)]).float().mean()) * 100
         rows.append({"sampler": s, "cache": label(m, r), "median_s": med, "min_s": min(times[(s, m, r)]),
-                     "max_s": max(times[(s, m, r)]), "speedup": exact / med, "same_tokens": same})
+                     "max_s": max(times[(s, m, r)]), "times_s": times[(s, m, r)], "speedup": exact / med,
+                     "same_tokens": same})
     print(json.dumps({"rows": rows, "environment": run_environment()}, indent=2))
-    if a.write:
-        lines = [f"Command: `{command_line()}` ({machine_line()}).", "",
-                 "LLaDA-shaped model (d_model 256, 4 layers, V 32,768, random weights), prompt 128 + response 128 in "
-                 f"4 blocks of 32, batch 1, fp32; {a.rounds} interleaved rounds.", "",
-                 "| sampler | cache | s per sample, median (min–max) | speed-up | tokens equal to exact % |",
-                 "|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['sampler']} | {r['cache']} | {r['median_s']:.3f} ({r['min_s']:.3f}–{r['max_s']:.3f}) | "
-                         f"{r['speedup']:.2f}× | {r['same_tokens']:.1f} |")
-        write_section("Approximate KV caching at the LLaDA-shaped size", "\n".join(lines))
+    write_json(a.json, {"rounds": a.rounds, "prompt": 128, "response": 128, "block": 32, "batch": 1, "rows": rows})

@@ -3,9 +3,11 @@
 Loads the default demo's cached checkpoints from OUT/cache (run `dsl-llada demo --out OUT` first; nothing is
 trained here: a missing checkpoint is an error), samples the demo's three SDE rows (DSL-SDE, Alg. 2 as printed,
 eta = 0) at every demo NFE over the 72 held-out prompts with the exact dense converter and with the sparse one, and
-reports the share of changed tokens, the exact perplexity of both, and the sampling time of both.
+reports the share of changed tokens, the exact perplexity of both, and the sampling time of both. With --quick the
+folder holds a `dsl-llada demo --quick` run instead (its fewer prompts and NFEs). The page's table is rendered from
+the --json results (`python scripts/docs_tables.py --write-pages cpu-approx-sparse`).
 
-Usage:  python benchmarks/bench_approx.py sparse --demo-dir OUT [--tolerance 1e-6] [--write]
+Usage:  python benchmarks/bench_approx.py sparse --demo-dir OUT [--tolerance 1e-6] [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from benchlib import demo_checkpoints, machine_line, write_section
+from benchlib import demo_checkpoints, write_json
 
 from dsl_llada.sampling.batches import run_batches
 from dsl_llada.toy.demo import Demo, DemoConfig
@@ -24,13 +26,14 @@ from dsl_llada.toy.tasks import render_prompt
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--demo-dir", required=True, help="the --out folder of a finished default `dsl-llada demo`")
+    ap.add_argument("--demo-dir", required=True, help="the --out folder of a finished `dsl-llada demo` (default, or --quick with --quick)")
+    ap.add_argument("--quick", action="store_true", help="the demo in --demo-dir is a --quick one")
     ap.add_argument("--tolerance", type=float, default=1e-6)
-    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--json", default=None, help="write the rows and this run's environment record here")
 
 
 def run(a: argparse.Namespace) -> None:
-    cfg = DemoConfig.preset(quick=False)
+    cfg = DemoConfig.preset(quick=a.quick)
     demo = Demo(cfg, Path(a.demo_dir), progress=False, echo=lambda s: None)
     train, evals = demo.corpora()
     _, dsl = demo_checkpoints(demo, train, a.demo_dir)
@@ -60,15 +63,5 @@ def run(a: argparse.Namespace) -> None:
                          "changed_samples": sum(a_ != b_ for a_, b_ in zip(e_ids, s_ids)), "samples": len(e_ids),
                          "ppl_exact": e_ppl, "ppl_sparse": s_ppl, "s_exact": e_s, "s_sparse": s_s})
             print(json.dumps(rows[-1]), flush=True)
-    if a.write:
-        lines = [f"Command: `python benchmarks/bench_approx.py sparse --demo-dir OUT --tolerance {a.tolerance:g} --write` "
-                 f"(OUT = a finished default demo; {machine_line()}).", "",
-                 f"The demo's SDE rows on its 72 held-out prompts (batch {cfg.batch_size}) with the exact dense converter and "
-                 f"with the sparse converter at tolerance {a.tolerance:g}:", "",
-                 "| method | NFE | samples changed | tokens changed | open PPL exact → sparse | s exact / sparse |",
-                 "|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['method']} | {r['nfe']} | {r['changed_samples']}/{r['samples']} | "
-                         f"{r['changed_tokens']}/{r['tokens']} | {r['ppl_exact']:.2f} → {r['ppl_sparse']:.2f} | "
-                         f"{r['s_exact']:.2f} / {r['s_sparse']:.2f} |")
-        write_section("Sparse converter on the demo's SDE samples", "\n".join(lines))
+    write_json(a.json, {"quick": a.quick, "tolerance": a.tolerance, "batch_size": cfg.batch_size,
+                        "prompts": len(prompt_ids), "rows": rows})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 from pathlib import Path
 
 from .backbones.base import Backbone
@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from .loading import check_tokenizer_files, is_dsl_checkpoint, open_model, parse_dtype
 from .model_source import DTypeName, ModelSource
 
-__all__ = ["ConvertSettings", "run_convert"]
+__all__ = ["ConvertSettings", "memory_estimate_rows", "run_convert"]
 
 
 @dataclass(frozen=True)
@@ -89,20 +89,29 @@ def _write_checkpoint(settings: ConvertSettings, backbone: str, output: str) -> 
         model.save_pretrained(folder, tokenizer_from=backbone)  # every tokenizer file, the chat template included
 
 
+DRY_RUN_ROWS = (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))
+"""The (dtype, quantize) rows `convert --dry-run` prints: fp32, bf16, and bf16 with an int8 backbone."""
+
+
+def memory_estimate_rows(cfg: Any, noise_dim: int) -> list[dict[str, Any]]:
+    """`convert --dry-run`'s rows for a `LLaDAConfig`: `quantize.memory_estimate` at each of `DRY_RUN_ROWS`."""
+    from .quantize import memory_estimate
+
+    return [memory_estimate(cfg, noise_dim=noise_dim, dtype=dt, quantize=q) for dt, q in DRY_RUN_ROWS]
+
+
 def print_memory_estimate(backbone: str, noise_dim: int, dtype: str) -> int:
     """`convert --dry-run`: the DSL model's weight memory in fp32, bf16 and bf16 + int8 backbone, from the LLaDA
     backbone's config.json alone (nothing is loaded or written); returns 0."""
     from .backbones.llada import LLaDAConfig
     from .checkpoint import read_json
-    from .quantize import memory_estimate
 
     data = read_json(Path(backbone) / "config.json", "backbone config")
     if data.get("model_type", "llada") != "llada":
         raise ValueError(f"--dry-run estimates LLaDA-architecture backbones (model_type 'llada'); {backbone} has "
                          f"model_type={data.get('model_type')!r}")
     cfg = LLaDAConfig.from_hf_dict(data, where=str(Path(backbone) / "config.json"))
-    rows = [memory_estimate(cfg, noise_dim=noise_dim, dtype=dt, quantize=q)
-            for dt, q in (("float32", "none"), ("bfloat16", "none"), ("bfloat16", "int8"))]
+    rows = memory_estimate_rows(cfg, noise_dim)
     print(f"DSL model from {backbone}: d_model {cfg.d_model}, {cfg.n_layers} layers, vocabulary {cfg.vocab_size}, "
           f"noise dim {noise_dim}: {rows[0]['parameters'] / 1e9:.2f} B parameters (nothing written)")
     print("| weights | backbone linear GiB | embedding + norms GiB | converter + noise table GiB | total GiB |")
