@@ -185,3 +185,77 @@ def test_each_config_has_its_own_grid():
     assert len(short.snr_grid) == 3 and len(long.snr_grid) == 5
     assert short.replace(nfe=8, schedule="uniform").snr_grid == long.snr_grid
     assert short.snr_grid != long.snr_grid[:3]
+
+
+# -- the context check: once per request ---------------------------------------------------------------------------
+
+CONTEXT_CHECKS = ("check_context_fits",)
+
+
+@contextlib.contextmanager
+def counting_context_checks(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+    """Counts the samplers' and the engine's own context checks (`check_context_fits`, wherever it is called from)
+    and the entry check of `generate` (`check_prompt_lengths`)."""
+    import dsl_llada.generate.generate_command as generate_command
+    import dsl_llada.sampling.common as common
+    import dsl_llada.sampling.engine as engine_mod
+
+    calls: collections.Counter[str] = collections.Counter()
+    with monkeypatch.context() as m:
+        for module, name, label in ((common, "check_context_fits", "sampler"),
+                                    (engine_mod, "check_context_fits", "engine"),
+                                    (generate_command, "check_prompt_lengths", "entry")):
+            real = getattr(module, name)
+
+            def counted(*args, _real=real, _label=label, **kwargs):
+                calls[_label] += 1
+                return _real(*args, **kwargs)
+
+            m.setattr(module, name, counted)
+        yield calls
+
+
+@pytest.mark.parametrize("batching", ["continuous", "fixed"])
+def test_generate_checks_each_prompts_context_once(folder, monkeypatch, batching):
+    settings = GenerateSettings(source=source(folder), config=SDEConfig(nfe=2, gen_length=4, top_m=8),
+                                prompts=("a b", "c"), progress=False, batching=batching, batch_size=2)
+    with counting_context_checks(monkeypatch) as calls:
+        assert run_generate(settings, echo=None) == 0
+    assert dict(calls) == {"entry": 1}  # all prompts at once, before sampling; neither engine nor sampler again
+
+
+def test_the_server_checks_a_requests_context_once(folder, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from dsl_llada.serve.app import create_app
+
+    handle = open_model(source(folder))
+    app = create_app(handle.model, handle.tokenizer, model_name="tiny", context=handle.context)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 4, "nfe": 2, "seed": 0}
+    with counting_context_checks(monkeypatch) as calls, TestClient(app) as c:
+        assert c.post("/v1/chat/completions", json=chat).status_code == 200  # on the engine
+        fixed = {**chat, "sampler": "block-sde", "block_length": 2, "kv_cache": "dual", "cache_refresh": 2}
+        assert c.post("/v1/chat/completions", json=fixed).status_code == 200  # a fixed-batch call
+        too_long = {**chat, "max_tokens": 64}
+        r = c.post("/v1/chat/completions", json=too_long)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert dict(calls) == {}  # the service's own check at the request's entry is the only one
+
+
+def test_a_library_call_still_checks_its_context(model, monkeypatch):
+    """Without a caller's check, the sampler and the engine check the context themselves; a batch marked checked
+    is not checked again."""
+    config = SDEConfig(nfe=2, gen_length=4, top_m=8)
+    with counting_context_checks(monkeypatch) as calls:
+        sample_sde(model, PromptBatch.from_lists([[1, 2, 3]], model.special.pad_id), config,
+                   generator=torch.Generator().manual_seed(0))
+        assert dict(calls) == {"sampler": 1}
+        sample_sde(model, PromptBatch.from_lists([[1, 2, 3]], model.special.pad_id, context_checked=True), config,
+                   generator=torch.Generator().manual_seed(0))
+        assert dict(calls) == {"sampler": 1}
+        engine = Engine(model, max_rows=1, context=8)
+        with pytest.raises(ValueError, match=r"prompt length 5 \+ gen_length 4 = 9 tokens exceeds the model's "
+                                             r"context of 8; .* at most 3"):
+            engine.submit([1, 2, 3, 4, 5], config)
+        engine.submit([1, 2, 3, 4], config, context_checked=True)
+        assert dict(calls) == {"sampler": 1, "engine": 1}

@@ -118,11 +118,14 @@ class RowResult:
 
 
 def run_batch(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]], config: SamplerConfig,
-              seeds: Sequence[int], *, guard: bool = True, progress: bool = False) -> SampleOutput:
+              seeds: Sequence[int], *, guard: bool = True, progress: bool = False,
+              context_checked: bool = False) -> SampleOutput:
     """One left-padded batch through the sampler the config's type picks; row j uses a CPU generator seeded
-    `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode)."""
+    `seeds[j]`. With `guard`, non-finite logits at the first step raise NonFiniteLogitsError (any kv_cache mode).
+    `context_checked`: the caller checked the prompts against the context already (`PromptBatch.context_checked`)."""
     device = model_device(model)
-    batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device)
+    batch = PromptBatch.from_lists(prompt_ids, pad_id=model.special.pad_id, device=device,
+                                   context_checked=context_checked)
     gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
     return sample(model, batch, config, generator=gens, progress=progress,
                   callback=FiniteLogitsGuard() if guard else None)
@@ -152,7 +155,7 @@ def run_batches(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int]],
         seeds = [seed_of(i) for i in idx]
         _sync(device)
         t0 = time.perf_counter()
-        out = run_batch(model, [prompt_ids[i] for i in idx], config, seeds, guard=guard)
+        out = run_batch(model, [prompt_ids[i] for i in idx], config, seeds, guard=guard, context_checked=True)
         _sync(device)
         dt = time.perf_counter() - t0
         return [RowResult(i, s, out, j, None, dt / len(idx), dt, len(idx)) for j, (i, s) in enumerate(zip(idx, seeds))]
@@ -200,7 +203,7 @@ def run_continuous(model: DSLModel | Backbone, prompt_ids: Sequence[Sequence[int
 
     def submit(e: Engine, i: int) -> None:
         e.submit(prompt_ids[i], config, generator=torch.Generator(device="cpu").manual_seed(int(seed_of(i))),
-                 callback=FiniteLogitsGuard() if guard else None, tag=i)
+                 callback=FiniteLogitsGuard() if guard else None, tag=i, context_checked=True)
 
     for i in todo:
         submit(engine, i)

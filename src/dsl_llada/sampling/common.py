@@ -8,16 +8,24 @@ from typing import Any
 
 import torch
 
+from ..core.backbones.base import context_limit
+
 
 @dataclass
 class PromptBatch:
-    """Left-padded prompt ids (B, P) with an HF keep-mask (1 = token, 0 = pad)."""
+    """Left-padded prompt ids (B, P) with an HF keep-mask (1 = token, 0 = pad).
+
+    `context_checked`: the caller has already checked every prompt + gen_length against the model's context, with
+    an error that names the prompt (`run_batches`, the evaluation runner and the server check each request once at
+    its entry); the samplers then do not check it again. Left False, the samplers check it themselves."""
 
     ids: torch.Tensor
     attention_mask: torch.Tensor
+    context_checked: bool = False
 
     @classmethod
-    def from_lists(cls, prompts: Sequence[Sequence[int]], pad_id: int, device: str | torch.device = "cpu") -> "PromptBatch":
+    def from_lists(cls, prompts: Sequence[Sequence[int]], pad_id: int, device: str | torch.device = "cpu", *,
+                   context_checked: bool = False) -> "PromptBatch":
         if len(prompts) == 0:
             raise ValueError("no prompts given: need at least one prompt")
         P = max(len(p) for p in prompts)
@@ -29,7 +37,7 @@ class PromptBatch:
             if len(p):
                 ids[i, P - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
                 mask[i, P - len(p):] = 1
-        return cls(ids.to(device), mask.to(device))
+        return cls(ids.to(device), mask.to(device), context_checked)
 
     @property
     def batch_size(self) -> int:
@@ -40,7 +48,7 @@ class PromptBatch:
         return self.ids.shape[1]
 
     def to(self, device: str | torch.device) -> "PromptBatch":
-        return PromptBatch(self.ids.to(device), self.attention_mask.to(device))
+        return PromptBatch(self.ids.to(device), self.attention_mask.to(device), self.context_checked)
 
     def full_attention_mask(self, gen_length: int) -> torch.Tensor | None:
         """Keep-mask for [prompt | response], or None when nothing is padded (lets backbones skip masking)."""
@@ -268,10 +276,18 @@ class ForwardCounter:
         return self.fn(*args, **kwargs)
 
 
-def check_prompt_fits(max_length: int | None, prompts: PromptBatch, gen_length: int) -> None:
+def check_context_fits(max_length: int | None, prompt_length: int, gen_length: int) -> None:
     """One clear error when prompt + response exceeds the model's context of `max_length` tokens (None: unknown)."""
-    total = prompts.length + gen_length
+    total = prompt_length + gen_length
     m = max_length
     if m is not None and total > m:
-        raise ValueError(f"prompt length {prompts.length} + gen_length {gen_length} = {total} tokens exceeds the "
-                         f"model's context of {m}; shorten the prompt or reduce gen_length to at most {m - prompts.length}")
+        raise ValueError(f"prompt length {prompt_length} + gen_length {gen_length} = {total} tokens exceeds the "
+                         f"model's context of {m}; shorten the prompt or reduce gen_length to at most "
+                         f"{m - prompt_length}")
+
+
+def check_prompt_fits(model: Any, prompts: PromptBatch, gen_length: int) -> None:
+    """The samplers' context check of a batch: skipped when its caller checked it already
+    (`PromptBatch.context_checked`), else `check_context_fits` against the model's context."""
+    if not prompts.context_checked:
+        check_context_fits(context_limit(model), prompts.length, gen_length)

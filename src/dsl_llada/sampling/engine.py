@@ -43,7 +43,7 @@ from ..config import RemaskConfig, SDEConfig
 from ..errors import ConfigError
 from ..core.model import DSLModel
 from ..core.numerics import Workspace, denormals_flushed_during
-from .common import StepCallback
+from .common import StepCallback, check_context_fits
 from .denoiser import scale_states
 from .engine_rows import EngineConfig, EngineResult, RemaskRow, Row, RowSequence, SDERow
 from .sde import checked_beta
@@ -121,13 +121,15 @@ class Engine:
     # -- requests
     def submit(self, prompt: Sequence[int] | torch.Tensor, config: EngineConfig, *,
                generator: torch.Generator | None = None, callback: StepCallback | None = None,
-               tag: Any = None) -> int:
+               tag: Any = None, context_checked: bool = False) -> int:
         """Queue a request; it joins the running batch at the next tick with room. Returns its request id.
 
         `prompt`: token ids (at least one). `config`: an SDEConfig or RemaskConfig. `generator`: the row's own
         random generator (None: torch's global one, whose draws then depend on the other rows). `callback(StepInfo)`
         after each of the row's steps, as the `sample_*` functions call it, with batch-of-one tensors (`rows`
-        (0,)); `info.drop(0)` ends the row (its result has `dropped`). `tag`: handed back in the result."""
+        (0,)); `info.drop(0)` ends the row (its result has `dropped`). `tag`: handed back in the result.
+        `context_checked`: the caller has checked prompt + gen_length against the same context already (the server
+        and `run_continuous` check every request once, naming the prompt); otherwise `submit` checks it."""
         ids = torch.as_tensor(list(prompt) if not isinstance(prompt, torch.Tensor) else prompt, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"a prompt must be a non-empty list of token ids, got shape {tuple(ids.shape)}")
@@ -142,9 +144,8 @@ class Engine:
             raise ConfigError(f"kv_cache={config.kv_cache!r}: the step-level engine runs kv_cache='off' only (an "
                               f"approximate cache follows one fixed batch); use the sample_* functions for it")
         P, L = ids.shape[0], config.gen_length
-        if self.context is not None and P + L > self.context:
-            raise ValueError(f"prompt length {P} + gen_length {L} = {P + L} tokens exceeds the model's context of "
-                             f"{self.context}; shorten the prompt or reduce gen_length to at most {self.context - P}")
+        if not context_checked:
+            check_context_fits(self.context, P, L)
         tokens = (P + L) * (2 if isinstance(config, RemaskConfig) and config.cfg_scale > 0 else 1)
         if self.max_tokens is not None and tokens > self.max_tokens:
             raise ValueError(f"request of {tokens} batch tokens (prompt {P} + gen_length {L}"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..core.backbones.base import Backbone, Positions, compiled, context_limit, model_device, with_positions
+from ..core.backbones.base import Backbone, Positions, compiled, model_device, with_positions
 from ..config import RemaskConfig
 from ..errors import ConfigError
 from ..core.numerics import denormals_flushed_during
@@ -172,7 +172,7 @@ def sample_remask(model: DiscreteModel, prompts: PromptBatch, config: RemaskConf
     config = config or RemaskConfig()
     callback = with_progress(callback, progress, "remask")
     prompts = prompts.to(model_device(model, fallback=prompts.ids.device))
-    check_prompt_fits(context_limit(model), prompts, config.gen_length)
+    check_prompt_fits(model, prompts, config.gen_length)
     run = _start(model, prompts, config, generator, callback, return_trajectory)
     blk = config.effective_block_length
     for k_blk in range(config.gen_length // blk):

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from ..config import FP32_MAX, SDEConfig
 from ..errors import ConfigError
-from ..core.backbones.base import context_limit
 from ..core.model import DSLModel
 from ..core.numerics import denormals_flushed_during
 from .progress import progress as progress_bar
@@ -120,7 +119,7 @@ def _prepare(model: DSLModel, prompts: PromptBatch, config: SDEConfig,
     context."""
     backbone = model.backbone
     prompts = prompts.to(backbone.input_embeddings().weight.device)
-    check_prompt_fits(context_limit(model), prompts, config.gen_length)
+    check_prompt_fits(model, prompts, config.gen_length)
     grid = config.snr_grid
     beta = checked_beta(model, config)
     denoiser = Denoiser.for_model(model, model.context_embed(prompts.ids), beta=beta,

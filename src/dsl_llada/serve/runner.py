@@ -98,7 +98,8 @@ class EngineRows(RowAdapter):
                 job.emit(step_event(info, 0, tokenizer))
 
         return engine.submit(job.prompt_ids, job.config, generator=seeded_generator(job.seed),
-                             callback=chain_callbacks(FiniteLogitsGuard(), on_step), tag=job)
+                             callback=chain_callbacks(FiniteLogitsGuard(), on_step), tag=job,
+                             context_checked=True)  # by Service.make_jobs
 
     def result(self, job: Job, result: EngineResult) -> JobResult:
         ids = result.response
@@ -127,7 +128,8 @@ class BatchRunner:
 
     def __call__(self, jobs: Sequence[Job]) -> list[JobResult | None]:
         name, config = cast(tuple[Any, ...], jobs[0].key)[:2]  # (sampler, config[, prompt length])
-        prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device)
+        prompts = PromptBatch.from_lists([j.prompt_ids for j in jobs], pad_id=self.pad_id, device=self.device,
+                                         context_checked=True)  # by Service.make_jobs
         gens = [seeded_generator(j.seed) for j in jobs]
         top = max((j.top_logprobs for j in jobs if j.top_logprobs is not None), default=None)
         recorder = LogprobRecorder(len(jobs), config.gen_length, top, self.mask_id) if top is not None else None
