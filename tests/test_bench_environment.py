@@ -24,9 +24,9 @@ import benchlib  # noqa: E402
 SUBCOMMANDS = {
     "bench_percall": {
         "parts": ["--before", "--rounds", "--reps", "--tolerance", "--clock", "--json", "--write", "--measure"],
-        "roofline": ["--reps", "--tolerance", "--write"],
-        "ablation": ["--rounds", "--write"],
-        "loop": ["--preset", "--device", "--dtype", "--quick", "--write", "--efficiency-rounds", "--nfe"]},
+        "roofline": ["--reps", "--tolerance", "--json"],
+        "ablation": ["--rounds", "--json"],
+        "loop": ["--preset", "--device", "--dtype", "--quick", "--nfe", "--rounds", "--batches", "--json"]},
     "bench_batching": {
         "sde": ["--batches", "--device", "--dtype", "--nfe", "--prompt", "--gen", "--tolerance", "--compile", "--write"],
         "remask": ["--rounds", "--json"],
