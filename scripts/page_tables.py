@@ -278,8 +278,8 @@ def roofline_sde(r: Results) -> str:
         if key == "call":
             note = f"{r['sde_call_vs_flop_time']:.2f}× the FLOP time of the needed work"
         rows.append(_roofline_row(label, fl[work] if work else None, secs, peak, note))
-    return (md(_ROOFLINE_HEADER, rows) + f"\n\nMeasured fp32 matmul peak (best `torch.mm`, n ≤ 2048, median of "
-            f"{r['reps']} calls): **{peak:.1f} GFLOP/s**; whole SDE call **{r['sde_call_vs_flop_time']:.2f}×** the FLOP "
+    return (md(_ROOFLINE_HEADER, rows) + f"\n\nMeasured fp32 matmul peak (best square `torch.mm`, n ≤ 2048, fastest of "
+            f"{r['reps']} per size): **{peak:.1f} GFLOP/s**; whole SDE call **{r['sde_call_vs_flop_time']:.2f}×** the FLOP "
             f"time of its needed work, one remasking step **{r['remask_step_vs_flop_time']:.2f}×**.")
 
 

@@ -259,7 +259,7 @@ def test_roofline_renderers_give_each_part_against_the_measured_peak_and_the_spa
     assert lines[6] == "| backbone blocks (256 positions) | 1.887 | 19.69 | 95.8 | 47 % |  |"
     assert lines[13] == ("| **whole SDE call** | 7.034 | 69.08 | 101.8 | 50 % | 2.01× the FLOP time of the needed "
                          "work |")
-    assert lines[15] == ("Measured fp32 matmul peak (best `torch.mm`, n ≤ 2048, median of 3 calls): **204.4 GFLOP/s**; "
+    assert lines[15] == ("Measured fp32 matmul peak (best square `torch.mm`, n ≤ 2048, fastest of 3 per size): **204.4 GFLOP/s**; "
                          "whole SDE call **2.01×** the FLOP time of its needed work, one remasking step **2.07×**.")
     assert P.roofline_remask(r).splitlines()[2:] == [
         "| forward: blocks + head on the current block | 4.035 | 40.07 | 100.7 | 49 % |  |",
