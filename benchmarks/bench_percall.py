@@ -6,10 +6,10 @@
   roofline  each part of one SDE call and one remasking step against the FLOP time of its work at the measured
             matmul peak; the sparse converter's kept slots and error
   ablation  what the exact top-M selection and the reused slot buffer buy (each switched off in turn, same tokens)
-  loop      loop efficiency: a whole sampling run against the sum of its model calls; samples/s at batch 1-16;
-            the converter's peak memory with and without token chunks
+  loop      loop efficiency: a whole sampling run against the sum of its model calls at each NFE; samples/s at
+            batch 1-16; the converter's peak memory with and without token chunks
 
-Usage:  python benchmarks/bench_percall.py roofline --reps 3 --write
+Usage:  python benchmarks/bench_percall.py roofline --reps 3 --json benchmarks/results/percall_roofline.json
 """
 
 from __future__ import annotations

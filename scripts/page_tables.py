@@ -87,6 +87,14 @@ def _each(xs: Sequence[float]) -> str:
     return ", ".join(f"{x:.2f}" for x in xs)
 
 
+def with_environment(render_fn: Callable[..., str]) -> Callable[..., str]:
+    """`render_fn`'s Markdown followed by the environment line of the first results file."""
+    def rendered(*rs: Results) -> str:
+        return render_fn(*rs).rstrip("\n") + "\n\n" + environment_line(rs[0].get("environment"))
+    rendered.__doc__ = render_fn.__doc__
+    return rendered
+
+
 # ------------------------------------------------------------------------------------------- bench_gpu.py (GPU)
 
 
@@ -180,17 +188,117 @@ def threshold_cpu(r: Results) -> str:
 
 
 def loop_efficiency(r: Results) -> str:
-    """`bench_percall.py loop --json`: each sampler's calls, one call alone, the whole run, and the loop's share."""
-    rows = [[name, str(x["calls"]), f"{1000 * x['t_call_s']:.1f}", f"{1000 * x['t_total_s']:.1f}",
-             f"{x['efficiency']:.3f}", f"{x['in_run']:.3f}"] for name, x in r["loop_efficiency"].items()]
-    return md(["sampler", "model calls", "one call alone (ms)", "whole sampling (ms)", "loop efficiency",
-               "in-run share in model calls"], rows)
+    """`bench_percall.py loop --json`: each sampler's calls, one call alone, the whole run, and the loop's share; with
+    several NFEs (`nfes`) one row per NFE and sampler, the ratios as median (min–max over the rounds)."""
+    if "nfes" not in r:  # one NFE, one round
+        rows = [[name, str(x["calls"]), f"{1000 * x['t_call_s']:.1f}", f"{1000 * x['t_total_s']:.1f}",
+                 f"{x['efficiency']:.3f}", f"{x['in_run']:.3f}"] for name, x in r["loop_efficiency"].items()]
+        return md(["sampler", "model calls", "one call alone (ms)", "whole sampling (ms)", "loop efficiency",
+                   "in-run share in model calls"], rows)
+    names = {"sde": "SDE", "remask": "remasking"}
+    rows = []
+    for nfe, by_sampler in r["loop_efficiency"].items():
+        for name, x in by_sampler.items():
+            rows.append([nfe, names.get(name, name), str(x["calls"]), f"{1000 * x['t_call_s']:.1f}",
+                         f"{1000 * x['t_total_s']:.1f}",
+                         f"{x['efficiency']:.3f} ({_range(x['efficiency_rounds'], 3)})",
+                         f"{x['in_run']:.3f} ({_range(x['in_run_rounds'], 3)})"])
+    return md(["NFE / steps", "sampler", "model calls", "one call alone (ms)", "whole sampling (ms)",
+               f"loop efficiency (min–max over {r['rounds']} rounds)", "in-run share in model calls (min–max)"], rows)
 
 
 def loop_throughput(r: Results) -> str:
     """`bench_percall.py loop --json`: SDE seconds per batch and samples per second at each batch size."""
     rows = [[b, f"{x['seconds']:.2f}", f"{x['samples_per_s']:.2f}"] for b, x in r["throughput"].items()]
-    return md(["batch", "seconds per batch (SDE)", "samples/s"], rows)
+    nfe = f", NFE {r['throughput_nfe']}" if "throughput_nfe" in r else ""
+    return md(["batch", f"seconds per batch (SDE{nfe})", "samples/s"], rows)
+
+
+def loop_converter_memory(r: Results) -> str:
+    """`bench_percall.py loop --json` on a CPU: the converter's peak RSS growth with and without token chunks, the
+    size of one (L, V+1) fp32 buffer, and the ratio of the two peaks."""
+    m = r["converter_memory"]
+    rows = [["unchunked", f"{m['unchunked']['growth_kib'] / 1024:.0f}", f"{m['pi_bytes_unchunked_MiB']:.0f}"],
+            ["256-token chunks", f"{m['chunk256']['growth_kib'] / 1024:.0f}", f"{m['pi_bytes_chunk256_MiB']:.0f}"]]
+    cut = m["unchunked"]["growth_kib"] / max(1, m["chunk256"]["growth_kib"])
+    return (md(["variant", "RSS growth during the call (MiB)", "one (L, V+1) fp32 buffer (MiB)"], rows)
+            + f"\n\nChunking cuts the converter's peak by **{cut:.1f}×**.")
+
+
+# ------------------------------------------------------------------------------------ bench_percall.py roofline
+
+_ROOFLINE_SDE = [("slot", "converter: slot logits βzKᵀ+b", "slot", "one addmm, cached K"),
+                 ("softmax", "converter: softmax over V+1", None, "elementwise"),
+                 ("values", "converter: πWᵀ+c (dense)", "values", ""),
+                 ("converter", "converter, whole", "converter", ""),
+                 ("t_blocks", "backbone blocks (256 positions)", "blocks", ""),
+                 ("t_head", "output head + final norm (128 response rows)", "head", ""),
+                 ("t_head_all", "(head over all 256 rows, as the authors)", "head_all", "not run by the samplers"),
+                 ("posterior_topk", "posterior mean: top-512 (torch.topk)", None, "selection, no FLOPs"),
+                 ("posterior_topm", "posterior mean: top-512 (top_m_values)", None, "same tokens, sampled threshold"),
+                 ("posterior_bag", "posterior mean: embedding_bag", "posterior_bag", ""),
+                 ("posterior", "posterior mean, whole", "posterior_bag", ""),
+                 ("call", "**whole SDE call**", "needed_sde", "")]
+
+
+def _roofline_row(label: str, flops: float | None, secs: float, peak_gflops: float, note: str) -> list[str]:
+    if flops is None:
+        return [label, "–", f"{1e3 * secs:.2f}", "–", "–", note]
+    gfs = flops / secs / 1e9
+    return [label, f"{flops / 1e9:.3f}", f"{1e3 * secs:.2f}", f"{gfs:.1f}", f"{100 * gfs / peak_gflops:.0f} %", note]
+
+
+_ROOFLINE_HEADER = ["component", "GFLOP", "ms", "GFLOP/s", "of peak", "note"]
+
+
+def roofline_sde(r: Results) -> str:
+    """`bench_percall.py roofline --json`: each part of one SDE call (median over the schedule's SNRs) with its
+    FLOPs, rate and share of the measured matmul peak; the whole call against the FLOP time of its needed work."""
+    peak, fl = r["peak_gflops"], {**r["flops"], "converter": r["flops"]["slot"] + r["flops"]["values"],
+                                  "needed_sde": r["needed_sde_flops"]}
+    rows = []
+    for key, label, work, note in _ROOFLINE_SDE:
+        secs = r[key] if key.startswith("t_") else r["times_s"][key]
+        if key == "call":
+            note = f"{r['sde_call_vs_flop_time']:.2f}× the FLOP time of the needed work"
+        rows.append(_roofline_row(label, fl[work] if work else None, secs, peak, note))
+    return (md(_ROOFLINE_HEADER, rows) + f"\n\nMeasured fp32 matmul peak (best square `torch.mm`, n ≤ 2048, fastest of "
+            f"{r['reps']} per size): **{peak:.1f} GFLOP/s**; whole SDE call **{r['sde_call_vs_flop_time']:.2f}×** the FLOP "
+            f"time of its needed work, one remasking step **{r['remask_step_vs_flop_time']:.2f}×**.")
+
+
+def roofline_remask(r: Results) -> str:
+    """`bench_percall.py roofline --json`: one remasking step's forward and the whole step (a 16-step run / 16)."""
+    peak, work = r["peak_gflops"], r["needed_rm_flops"]
+    rows = [_roofline_row("forward: blocks + head on the current block", work, r["t_remask_forward"], peak, ""),
+            _roofline_row("**whole remasking step** (16-step run / 16)", work, r["t_remask_step"], peak,
+                          f"{r['remask_step_vs_flop_time']:.2f}× the FLOP time of the needed work")]
+    return md(_ROOFLINE_HEADER, rows)
+
+
+def roofline_sparse(r: Results) -> str:
+    """`bench_percall.py roofline --json`: the sparse converter's kept slots, error and time at each SNR, and whether
+    an NFE-16 SDE run keeps its tokens with it."""
+    rows = [[f"{s['gamma']:.2f}", f"{s['kept_mean']:.1f} ({s['kept_max']})",
+             f"{s['max_abs_dh']:.2e} ({s['max_abs_h']:.2f})", f"{s['t_dense_ms']:.2f}", f"{s['t_sparse_ms']:.2f}"]
+            for s in r["sparse"]]
+    same = ("identical tokens" if r["sparse_same_tokens"]
+            else f"{r['sparse_tokens_changed']} tokens differ")
+    return (md(["SNR γ", f"kept slots at tolerance {r['tolerance']:g}, mean (max)", "max abs Δh (max abs h)",
+                "dense πWᵀ ms", "sparse ms"], rows)
+            + f"\n\nNFE-16 SDE run with vs without the sparse converter: {same}.")
+
+
+# ------------------------------------------------------------------------------------ bench_percall.py ablation
+
+
+def percall_ablation(r: Results) -> str:
+    """`bench_percall.py ablation --json`: each variant's NFE-16 SDE run time, minor page faults and speed-up
+    against the variant with neither change."""
+    rows = [[x["variant"], f"{x['median_s']:.3f} ({x['min_s']:.3f}–{x['max_s']:.3f})", f"{x['faults']:,}",
+             f"{x['speedup_vs_before']:.2f}×"] for x in r["rows"]]
+    return (md(["variant", "median s (min–max)", "minor page faults per run", "speed-up vs neither"], rows)
+            + f"\n\nTokens identical in every variant: {'yes' if r['identical_tokens'] else 'no'}.")
 
 
 # ------------------------------------------------------------------------------------- bench_vs_authors.py
@@ -632,6 +740,14 @@ TABLES = {t.name: t for t in (
     PageTable("cpu-approx-sparse", "cpu-sampling.md", ("approx_sparse_demo.json",), approx_sparse),
     PageTable("cpu-approx-kv-cache", "cpu-sampling.md", ("approx_kv_cache.json",), approx_kv_cache),
     PageTable("cpu-eval-overhead", "cpu-sampling.md", ("eval_overhead.json",), eval_overhead),
+    PageTable("cpu-percall-loop", "cpu-sampling.md", ("percall_loop.json",), with_environment(loop_efficiency)),
+    PageTable("cpu-percall-loop-batches", "cpu-sampling.md", ("percall_loop.json",), loop_throughput),
+    PageTable("cpu-percall-loop-memory", "cpu-sampling.md", ("percall_loop.json",), loop_converter_memory),
+    PageTable("cpu-roofline-sde", "cpu-sampling.md", ("percall_roofline.json",), with_environment(roofline_sde)),
+    PageTable("cpu-roofline-remask", "cpu-sampling.md", ("percall_roofline.json",), roofline_remask),
+    PageTable("cpu-roofline-sparse", "cpu-sampling.md", ("percall_roofline.json",), roofline_sparse),
+    PageTable("cpu-percall-ablation", "cpu-sampling.md", ("percall_ablation.json",), with_environment(percall_ablation)),
+    PageTable("cpu-vs-authors-2t", "cpu-sampling.md", ("vs_authors_nfe16_2t.json",), with_environment(vs_authors)),
     # gpu.md
     PageTable("gpu-walltime", "gpu.md", ("walltime_h200.json",), walltime_by_dataset),
     PageTable("gpu-threshold", "gpu.md", ("threshold_h200.json",), threshold_gpu),
@@ -689,20 +805,6 @@ _PROSE_ONLY = ("the page states medians and ranges only, not the per-round value
                "exact results file can be transcribed from it")
 
 NOT_GENERATED = (
-    NotGenerated("cpu-sampling.md", "Sampling: preset `small` on cpu (float32, 2 threads, torch 2.13.0+cpu)",
-                 f"`bench_percall.py loop` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "SDE at long NFE: the loop against its calls (2026-11-27)",
-                 "three runs of `bench_percall.py loop` printed without --json"),
-    NotGenerated("cpu-sampling.md", "Roofline: one SDE call and one remasking step",
-                 f"`bench_percall.py roofline` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "This project vs a restatement of the authors' per-call work: 2 threads, wall time",
-                 "measured before the benchmarks kept JSON results (2 threads); `vs_authors_nfe16.json` is a later "
-                 "run with other numbers"),
-    NotGenerated("cpu-sampling.md", "SDE call: what the exact top-M selection and the reused slot buffer buy",
-                 f"`bench_percall.py ablation` {_NO_JSON}"),
-    NotGenerated("cpu-sampling.md", "One SDE call, part by part: before and after",
-                 f"`bench_percall.py parts --before 754fa11` {_NO_JSON} (`percall_parts.json` is the later run "
-                 "against 8ab1b4b); " + _PROSE_ONLY),
 )
 
 

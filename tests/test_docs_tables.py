@@ -96,7 +96,7 @@ def _docs_copy(tmp_path):
 
 def test_every_page_table_matches_its_results():
     assert P.check_pages(D.DOCS, D.RESULTS) == []
-    assert len(P.TABLES) == 49 and {t.page for t in P.TABLES.values()} == {
+    assert len(P.TABLES) == 57 and {t.page for t in P.TABLES.values()} == {
         "cpu-sampling.md", "gpu.md", "precision-memory.md", "process-settings.md", "serving.md", "toy-frontier.md"}
 
 
@@ -114,11 +114,11 @@ def test_a_hand_edited_page_fails_the_check_and_passes_after_write_pages(tmp_pat
             "(row '8'), 'SDE s/sample': page '0.150', results '0.170' (run --write-pages)") in out
     assert "FAIL: 1 problem(s)" in out
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 1 of 44 page table(s) that differed: gpu-batched" in capsys.readouterr().out
+    assert "wrote 1 of 57 page table(s) that differed: gpu-batched" in capsys.readouterr().out
     assert page.read_text() == original
     assert D.main(["--check-pages", "--docs", str(docs)]) == 0
     assert D.main(["--write-pages", "--docs", str(docs)]) == 0
-    assert "wrote 0 of 44" in capsys.readouterr().out
+    assert "wrote 0 of 57" in capsys.readouterr().out
 
 
 def test_a_changed_result_shows_on_its_page(tmp_path):
@@ -173,7 +173,7 @@ def test_lint_names_tables_neither_generated_nor_listed(tmp_path, monkeypatch):
 
 def test_every_benchmark_page_table_is_generated_or_listed_with_a_reason():
     problems, notes = P.lint_pages(D.DOCS, D._has_measurement_table)
-    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 6
+    assert problems == [] and len(notes) == len(P.NOT_GENERATED) == 0
     assert all(n.reason for n in P.NOT_GENERATED)
 
 
@@ -376,3 +376,105 @@ def test_a_missing_results_file_is_named_by_the_check(tmp_path):
     (results / "threshold_h200.json").unlink()
     assert ("docs/benchmarks/gpu.md: table 'gpu-threshold': no results file benchmarks/results/threshold_h200.json "
             "(run its benchmark with --json)") in P.check_pages(docs, results)
+def _loop_sampler(calls: int, call_s: float, total_s: float, eff: list[float], in_run: list[float]) -> dict:
+    return {"calls": calls, "t_call_s": call_s, "t_total_s": total_s, "efficiency": sorted(eff)[len(eff) // 2],
+            "in_run": sorted(in_run)[len(in_run) // 2], "efficiency_rounds": eff, "in_run_rounds": in_run}
+
+
+def test_loop_renderers_give_one_row_per_nfe_and_sampler_the_batches_and_the_converter_memory():
+    r = {"nfes": [16, 64], "rounds": 3, "throughput_nfe": 16,
+         "loop_efficiency": {
+             "16": {"sde": _loop_sampler(17, 0.0543, 0.93, [0.99, 0.984, 1.009], [0.996, 0.995, 0.997]),
+                    "remask": _loop_sampler(16, 0.0412, 0.68, [1.002, 1.001, 0.964], [0.979, 0.98, 0.98])},
+             "64": {"sde": _loop_sampler(65, 0.055, 3.6, [1.016, 1.004, 0.993], [0.997, 0.997, 0.998]),
+                    "remask": _loop_sampler(64, 0.041, 2.7, [1.02, 0.993, 1.004], [0.98, 0.98, 0.981])}},
+         "throughput": {"1": {"seconds": 0.91, "samples_per_s": 1.0989}, "4": {"seconds": 3.64, "samples_per_s": 1.0989}},
+         "converter_memory": {"unchunked": {"growth_kib": 3046400}, "chunk256": {"growth_kib": 423936},
+                              "pi_bytes_unchunked_MiB": 988.0, "pi_bytes_chunk256_MiB": 123.5}}
+    lines = P.loop_efficiency(r).splitlines()
+    assert lines[0] == ("| NFE / steps | sampler | model calls | one call alone (ms) | whole sampling (ms) | "
+                        "loop efficiency (min–max over 3 rounds) | in-run share in model calls (min–max) |")
+    assert lines[2:] == ["| 16 | SDE | 17 | 54.3 | 930.0 | 0.990 (0.984–1.009) | 0.996 (0.995–0.997) |",
+                         "| 16 | remasking | 16 | 41.2 | 680.0 | 1.001 (0.964–1.002) | 0.980 (0.979–0.980) |",
+                         "| 64 | SDE | 65 | 55.0 | 3600.0 | 1.004 (0.993–1.016) | 0.997 (0.997–0.998) |",
+                         "| 64 | remasking | 64 | 41.0 | 2700.0 | 1.004 (0.993–1.020) | 0.980 (0.980–0.981) |"]
+    assert P.loop_throughput(r).splitlines() == ["| batch | seconds per batch (SDE, NFE 16) | samples/s |", "|---|---|---|",
+                                                 "| 1 | 0.91 | 1.10 |", "| 4 | 3.64 | 1.10 |"]
+    assert P.loop_converter_memory(r).splitlines() == [
+        "| variant | RSS growth during the call (MiB) | one (L, V+1) fp32 buffer (MiB) |", "|---|---|---|",
+        "| unchunked | 2975 | 988 |", "| 256-token chunks | 414 | 124 |", "",
+        "Chunking cuts the converter's peak by **7.2×**."]
+
+
+def test_loop_renderers_keep_the_single_nfe_format_of_earlier_results():
+    r = {"nfe": 32, "loop_efficiency": {"sde": {"calls": 33, "t_call_s": 0.0226, "t_total_s": 0.771,
+                                                "efficiency": 0.969, "in_run": 0.987}},
+         "throughput": {"16": {"seconds": 3.65, "samples_per_s": 4.38}}}
+    assert P.loop_efficiency(r).splitlines()[2:] == ["| sde | 33 | 22.6 | 771.0 | 0.969 | 0.987 |"]
+    assert P.loop_throughput(r).splitlines()[0] == "| batch | seconds per batch (SDE) | samples/s |"
+
+
+def _roofline() -> dict:
+    flops = {"slot": 0.839e9, "values": 2.148e9, "blocks": 1.887e9, "head": 2.147e9, "head_all": 4.295e9,
+             "posterior_bag": 0.013e9}
+    times = {"slot": 0.01012, "softmax": 0.00157, "values": 0.0136, "converter": 0.02857, "posterior_topk": 0.01491,
+             "posterior_topm": 0.01013, "posterior_bag": 0.00022, "posterior": 0.01056, "call": 0.06908}
+    return {"peak_gflops": 204.4, "reps": 3, "flops": flops, "times_s": times, "t_blocks": 0.01969,
+            "t_head": 0.02095, "t_head_all": 0.0345, "t_remask_step": 0.04076, "t_remask_forward": 0.04007,
+            "needed_sde_flops": 7.034e9, "needed_rm_flops": 4.035e9, "sde_call_vs_flop_time": 2.01,
+            "remask_step_vs_flop_time": 2.07, "tolerance": 1e-6, "sparse_same_tokens": True,
+            "sparse_tokens_changed": 0,
+            "sparse": [{"gamma": 0.01, "kept_mean": 32769.0, "kept_max": 32769, "max_abs_dh": 0.0, "max_abs_h": 0.031,
+                        "t_dense_ms": 13.29, "t_sparse_ms": 23.71},
+                       {"gamma": 13.7265, "kept_mean": 4968.94, "kept_max": 10417, "max_abs_dh": 4.1e-8,
+                        "max_abs_h": 0.08, "t_dense_ms": 13.49, "t_sparse_ms": 18.64}]}
+
+
+def test_roofline_renderers_give_each_part_against_the_measured_peak_and_the_sparse_converter():
+    r = _roofline()
+    lines = P.roofline_sde(r).splitlines()
+    assert lines[0] == "| component | GFLOP | ms | GFLOP/s | of peak | note |" and len(lines) == 2 + 12 + 2
+    assert lines[2] == "| converter: slot logits βzKᵀ+b | 0.839 | 10.12 | 82.9 | 41 % | one addmm, cached K |"
+    assert lines[3] == "| converter: softmax over V+1 | – | 1.57 | – | – | elementwise |"
+    assert lines[5] == "| converter, whole | 2.987 | 28.57 | 104.6 | 51 % |  |"
+    assert lines[6] == "| backbone blocks (256 positions) | 1.887 | 19.69 | 95.8 | 47 % |  |"
+    assert lines[13] == ("| **whole SDE call** | 7.034 | 69.08 | 101.8 | 50 % | 2.01× the FLOP time of the needed "
+                         "work |")
+    assert lines[15] == ("Measured fp32 matmul peak (best square `torch.mm`, n ≤ 2048, fastest of 3 per size): **204.4 GFLOP/s**; "
+                         "whole SDE call **2.01×** the FLOP time of its needed work, one remasking step **2.07×**.")
+    assert P.roofline_remask(r).splitlines()[2:] == [
+        "| forward: blocks + head on the current block | 4.035 | 40.07 | 100.7 | 49 % |  |",
+        "| **whole remasking step** (16-step run / 16) | 4.035 | 40.76 | 99.0 | 48 % | 2.07× the FLOP time of the "
+        "needed work |"]
+    assert P.roofline_sparse(r).splitlines() == [
+        "| SNR γ | kept slots at tolerance 1e-06, mean (max) | max abs Δh (max abs h) | dense πWᵀ ms | sparse ms |",
+        "|---|---|---|---|---|", "| 0.01 | 32769.0 (32769) | 0.00e+00 (0.03) | 13.29 | 23.71 |",
+        "| 13.73 | 4968.9 (10417) | 4.10e-08 (0.08) | 13.49 | 18.64 |", "",
+        "NFE-16 SDE run with vs without the sparse converter: identical tokens."]
+    r.update(sparse_same_tokens=False, sparse_tokens_changed=3)
+    assert P.roofline_sparse(r).splitlines()[-1] == "NFE-16 SDE run with vs without the sparse converter: 3 tokens differ."
+
+
+def test_ablation_renderer_gives_each_variant_its_time_faults_and_speed_up():
+    r = {"identical_tokens": True, "rows": [
+        {"variant": "both (current)", "median_s": 1.243, "min_s": 1.181, "max_s": 1.404, "faults": 24528,
+         "speedup_vs_before": 1.1231},
+        {"variant": "neither (before)", "median_s": 1.396, "min_s": 1.301, "max_s": 1.495, "faults": 35840,
+         "speedup_vs_before": 1.0}]}
+    assert P.percall_ablation(r).splitlines() == [
+        "| variant | median s (min–max) | minor page faults per run | speed-up vs neither |", "|---|---|---|---|",
+        "| both (current) | 1.243 (1.181–1.404) | 24,528 | 1.12× |",
+        "| neither (before) | 1.396 (1.301–1.495) | 35,840 | 1.00× |", "",
+        "Tokens identical in every variant: yes."]
+
+
+def test_vs_authors_renders_a_single_results_file_with_its_environment():
+    x = {"batch": 1, "ours_median_s": 1.206, "authors_median_s": 1.696, "speedup": 1.41, "round_speedups": [1.29, 1.61],
+         "identical_tokens": True}
+    r = {"nfe": 16, "sde": x, "remask": {**x, "speedup": 2.53, "round_speedups": [2.32, 3.29]},
+         "remask_b8": {**x, "batch": 8, "identical_tokens": False}, "environment": _ENV}
+    lines = P.TABLES["cpu-vs-authors-2t"].render(r).splitlines()
+    assert lines[2:5] == ["| SDE, NFE 16, batch 1 | 1.206 | 1.696 | **1.41×** (1.29–1.61) | yes |",
+                          "| remasking, 16 steps, batch 1 | 1.206 | 1.696 | **2.53×** (2.32–3.29) | yes |",
+                          "| remasking, 16 steps, batch 8 (per sample) | 1.206 | 1.696 | **1.41×** (1.29–1.61) | no (below) |"]
+    assert lines[5] == "" and lines[6] == P.environment_line(_ENV)

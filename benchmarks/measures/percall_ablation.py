@@ -7,7 +7,7 @@ Model: LLaDA-shaped, d_model 256, 4 layers, vocabulary 32,768, noise dim 100, pr
 SDE NFE 16, fp32. Runs are interleaved (rotating order), medians of --rounds; minor page faults per run from
 getrusage.
 
-Usage:  python benchmarks/bench_percall.py ablation [--rounds 5] [--write]
+Usage:  python benchmarks/bench_percall.py ablation [--rounds 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import resource
 import statistics
 
 import torch
-from benchlib import command_line, interleave, llada_shaped, machine_line, random_prompts, run_environment, write_section
+from benchlib import interleave, llada_shaped, machine_line, random_prompts, run_environment, write_json
 
 from dsl_llada.core import converter as conv_mod
 from dsl_llada.core import numerics
@@ -63,10 +63,12 @@ def _both(a, b):
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--json", default=None, help="write the results and this run's environment record here")
 
 
 def run(a: argparse.Namespace) -> None:
+    if a.rounds < 1:
+        a.parser.error(f"--rounds {a.rounds} must be at least 1")
     model = llada_shaped()
     prompts = random_prompts(model, 1, 128)
     cfg = SDEConfig(nfe=16, gen_length=128)
@@ -92,15 +94,8 @@ def run(a: argparse.Namespace) -> None:
     for n in names:
         m = statistics.median(times[n])
         rows.append({"variant": n, "median_s": m, "min_s": min(times[n]), "max_s": max(times[n]),
-                     "faults": int(statistics.median(faults[n])), "speedup_vs_before": base / m})
-    print(json.dumps({"machine": machine_line(), "rows": rows, "identical_tokens": same,
-                      "environment": run_environment()}, indent=2))
-    if a.write:
-        lines = ["Command: `" + command_line().replace(" --write", "") + " --write`", "",
-                 f"{machine_line()}. SDE NFE 16, LLaDA-shaped model (d_model 256, 4 layers, V 32,768), prompt 128 + response 128, batch 1; "
-                 f"{a.rounds} interleaved rounds; identical tokens in every variant.", "",
-                 "| variant | median s (min–max) | minor page faults per run | speed-up vs before |", "|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['variant']} | {r['median_s']:.3f} ({r['min_s']:.3f}–{r['max_s']:.3f}) | "
-                         f"{r['faults']:,} | {r['speedup_vs_before']:.2f}× |")
-        write_section("SDE call: what the exact top-M selection and the reused slot buffer buy", "\n".join(lines))
+                     "faults": int(statistics.median(faults[n])), "speedup_vs_before": base / m,
+                     "times_s": times[n], "faults_rounds": faults[n]})
+    result = {"machine": machine_line(), "rounds": a.rounds, "nfe": cfg.nfe, "rows": rows, "identical_tokens": same}
+    print(json.dumps({**result, "environment": run_environment()}, indent=2))
+    write_json(a.json, result)

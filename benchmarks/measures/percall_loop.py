@@ -1,12 +1,14 @@
-"""Sampler benchmarks, reported as ratios measured in one run and written to docs/benchmarks/.
+"""The sampling loop against its model calls, on the `small` preset (d 512, 8 layers, V 4,096) by default:
 
-(a) loop efficiency = (model calls x time of one model call measured alone) / whole sampling time
+(a) loop efficiency = (model calls x time of one model call measured alone) / whole sampling time, and the in-run
+    share (the part of one run's own wall time spent inside its model calls), at each --nfe, --rounds times
     (a model call = one denoiser evaluation, converter + backbone + top-M posterior mean, for the SDE; one
     backbone forward for remasking);
-(b) samples/s at batch 1, 4, 16;
+(b) SDE samples/s at each of --batches, at the first --nfe;
 (c) converter peak memory at V = 126,464, L = 2048 with and without token chunking (peak RSS of a fresh process).
 
-Usage:  python benchmarks/bench_percall.py loop [--quick] [--device cuda --dtype bfloat16 --preset 8b] [--write]
+Usage:  python benchmarks/bench_percall.py loop [--nfe 16 64] [--rounds 3] [--batches 1 4 16] [--json OUT]
+        python benchmarks/bench_percall.py loop --preset 8b --device cuda --dtype bfloat16 --nfe 32 --rounds 1 [--json OUT]
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib import (PRESETS, command_line, median_time, random_prompts, reset_peak_rss, run_environment,
-                      status_kib, write_section)
+from benchlib import (PRESETS, median_time, random_prompts, reset_peak_rss, run_environment, status_kib,
+                      write_json)
 
 from dsl_llada.core.backbones.llada import LLaDABackbone, LLaDAConfig
 from dsl_llada.config import ConverterConfig, DSLConfig, RemaskConfig, SDEConfig
@@ -172,54 +174,55 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks/")
-    ap.add_argument("--efficiency-rounds", type=int, default=0,
-                    help="only measure loop efficiency, this many times (shows the run-to-run spread)")
-    ap.add_argument("--nfe", type=int, default=None, choices=range(2, 257, 2), metavar="{2,4,...,256}",
-                    help="NFE of the SDE run and steps of the remasking run (default 32; 16 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="prompt 16 + response 64, NFE 16, batches 1 and 4, 3 calls per median")
+    ap.add_argument("--nfe", type=int, nargs="+", default=None, choices=range(2, 257, 2), metavar="{2,4,...,256}",
+                    help="NFEs of the SDE runs and steps of the remasking runs, each measured in turn (default 16 64; "
+                         "16 with --quick); the samples/s table runs at the first")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times the loop efficiency of each NFE is measured (median and range reported)")
+    ap.add_argument("--batches", type=int, nargs="+", default=None, choices=range(1, 65), metavar="1-64",
+                    help="SDE batch sizes of the samples/s table (default 1 4 16; 1 4 with --quick)")
+    ap.add_argument("--json", default=None, help="write the results and this run's environment record here")
 
 
 def run(a: argparse.Namespace) -> None:
+    if a.rounds < 1:
+        a.parser.error(f"--rounds {a.rounds} must be at least 1")
     torch.manual_seed(0)
     dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
     model = build_model(a.preset, a.device, dtype)
-    gen, prompt, nfe = (64, 16, 16) if a.quick else (128, 32, 32)
-    nfe = a.nfe or nfe
-    if a.efficiency_rounds:
-        for _ in range(a.efficiency_rounds):
-            r = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=7)
-            print(json.dumps({k: {"efficiency": round(v["efficiency"], 3), "in_run": round(v["in_run"], 3)}
-                              for k, v in r.items()}))
-        return
-    eff = loop_efficiency(model, a.device, gen, prompt, nfe, repeats=3 if a.quick else 5)
-    thr = throughput(model, a.device, gen, prompt, nfe, [1, 4] if a.quick else [1, 4, 16])
+    gen, prompt = (64, 16) if a.quick else (128, 32)
+    nfes = a.nfe or ([16] if a.quick else [16, 64])
+    batches = a.batches or ([1, 4] if a.quick else [1, 4, 16])
+    repeats = 3 if a.quick else 5
+    eff = {}
+    for nfe in nfes:
+        rounds = [loop_efficiency(model, a.device, gen, prompt, nfe, repeats) for _ in range(a.rounds)]
+        eff[str(nfe)] = {name: summarise_rounds([r[name] for r in rounds]) for name in rounds[0]}
+        print(f"NFE {nfe}: " + json.dumps({k: {"efficiency": [round(x, 3) for x in v["efficiency_rounds"]]}
+                                           for k, v in eff[str(nfe)].items()}), file=sys.stderr)
+    thr = throughput(model, a.device, gen, prompt, nfes[0], batches)
     mem = converter_memory() if a.device == "cpu" else {}
     result = {"preset": a.preset, "device": a.device, "dtype": a.dtype, "gen_length": gen, "prompt_length": prompt,
-              "nfe": nfe, "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-              "loop_efficiency": eff, "throughput": thr, "converter_memory": mem, "environment": run_environment()}
-    print(json.dumps(result, indent=2))
-    if a.write:
-        write_markdown(result, command_line())
+              "nfes": nfes, "rounds": a.rounds, "repeats": repeats, "model": model_shape(model),
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+              "loop_efficiency": eff, "throughput_nfe": nfes[0], "throughput": thr, "converter_memory": mem}
+    print(json.dumps({**result, "environment": run_environment()}, indent=2))
+    write_json(a.json, result)
 
 
-def write_markdown(r: dict, command: str) -> None:
-    lines = [f"Command: `{command}`", "",
-             f"Prompt {r['prompt_length']} + response {r['gen_length']} tokens, NFE/steps {r['nfe']}.", "",
-             "| sampler | model calls | one call alone (ms) | whole sampling (ms) | loop efficiency | in-run share in model calls |",
-             "|---|---|---|---|---|---|"]
-    for name, e in r["loop_efficiency"].items():
-        lines.append(f"| {name} | {e['calls']} | {1e3 * e['t_call_s']:.1f} | {1e3 * e['t_total_s']:.1f} | "
-                     f"{e['efficiency']:.3f} | {e['in_run']:.3f} |")
-    lines += ["", "| batch | seconds per batch (SDE) | samples/s |", "|---|---|---|"]
-    for b, t in r["throughput"].items():
-        lines.append(f"| {b} | {t['seconds']:.2f} | {t['samples_per_s']:.2f} |")
-    if r["converter_memory"]:
-        m = r["converter_memory"]
-        lines += ["", "Converter peak RSS at V=126,464, L=2048 (fresh process, H=64):", "",
-                  "| variant | RSS growth during the call (MiB) | one (L, V+1) fp32 buffer (MiB) |", "|---|---|---|",
-                  f"| unchunked | {m['unchunked']['growth_kib'] / 1024:.0f} | {m['pi_bytes_unchunked_MiB']:.0f} |",
-                  f"| 256-token chunks | {m['chunk256']['growth_kib'] / 1024:.0f} | {m['pi_bytes_chunk256_MiB']:.0f} |",
-                  "", f"Chunking cuts the converter's peak by {m['unchunked']['growth_kib'] / max(1, m['chunk256']['growth_kib']):.1f}x."]
-    write_section(f"Sampling: preset `{r['preset']}` on {r['device']} ({r['dtype']}, {r['threads']} threads, "
-                  f"torch {r['torch']})", "\n".join(lines))
+def summarise_rounds(rounds: list[dict]) -> dict:
+    """One sampler's rounds as the medians of its times and ratios, with the ratios of every round kept."""
+    return {"calls": rounds[0]["calls"],
+            "t_call_s": statistics.median(r["t_call_s"] for r in rounds),
+            "t_total_s": statistics.median(r["t_total_s"] for r in rounds),
+            "efficiency": statistics.median(r["efficiency"] for r in rounds),
+            "in_run": statistics.median(r["in_run"] for r in rounds),
+            "efficiency_rounds": [r["efficiency"] for r in rounds], "in_run_rounds": [r["in_run"] for r in rounds]}
+
+
+def model_shape(model: DSLModel) -> dict:
+    cfg = model.backbone.cfg
+    return {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "vocab_size": model.vocab_size,
+            "noise_dim": model.noise_dim}

@@ -8,7 +8,7 @@ of --reps calls at the SNRs of the NFE-16 schedule (the converter's cost depends
 Also reports the sparse converter (SDEConfig.converter_tolerance): kept slots per position, max |Δh| against the
 dense converter and its time at each SNR, and whether an NFE-16 SDE run gives the same tokens with it.
 
-Usage:  python benchmarks/bench_percall.py roofline [--reps 7] [--write]
+Usage:  python benchmarks/bench_percall.py roofline [--reps 7] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from benchlib import (blocks_and_head_times, command_line, llada_shaped, machine_line, matmul_peak_fp32, median_time,
-                      run_environment, sde_call_inputs, sde_call_work, write_section)
+from benchlib import (blocks_and_head_times, llada_shaped, machine_line, matmul_peak_fp32, median_time, run_environment,
+                      sde_call_inputs, sde_call_work, write_json)
 
 from dsl_llada.config import RemaskConfig
 from dsl_llada.core.converter import top_m_values
@@ -32,11 +32,13 @@ from dsl_llada.sampling.sde import sample_sde
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--tolerance", type=float, default=1e-6, help="sparse converter tolerance to report")
-    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--json", default=None, help="write the results and this run's environment record here")
 
 
 @torch.no_grad()
 def run(a: argparse.Namespace) -> None:
+    if a.reps < 1:
+        a.parser.error(f"--reps {a.reps} must be at least 1")
     torch.manual_seed(0)
     model = llada_shaped()
     bb, conv, cfg = model.backbone, model.converter, model.backbone.cfg
@@ -107,53 +109,5 @@ def run(a: argparse.Namespace) -> None:
          "sparse_same_tokens": bool(torch.equal(sde_out[0.0], sde_out[a.tolerance])),
          "sparse_tokens_changed": int((sde_out[0.0] != sde_out[a.tolerance]).sum())}
     print(json.dumps({**r, "environment": run_environment()}, indent=2))
-    if a.write:
-        write_markdown(r, command_line())
+    write_json(a.json, {**r, "reps": a.reps})
 
-
-def write_markdown(r: dict, command: str) -> None:
-    peak, fl, t = r["peak_gflops"], r["flops"], r["times_s"]
-
-    def row(name: str, flops: float | None, secs: float, note: str = "") -> str:
-        if flops is None:
-            return f"| {name} | – | {1e3 * secs:.2f} | – | – | {note} |"
-        gfs = flops / secs / 1e9
-        return f"| {name} | {flops / 1e9:.3f} | {1e3 * secs:.2f} | {gfs:.1f} | {100 * gfs / peak:.0f} % | {note} |"
-
-    head = "| component | GFLOP | ms | GFLOP/s | of peak | note |\n|---|---|---|---|---|---|"
-    sde = [head,
-           row("converter: slot logits βzKᵀ+b", fl["slot"], t["slot"], "one addmm, cached K"),
-           row("converter: softmax over V+1", None, t["softmax"], "elementwise"),
-           row("converter: πWᵀ+c (dense)", fl["values"], t["values"]),
-           row("converter, whole", fl["slot"] + fl["values"], t["converter"]),
-           row("backbone blocks (256 positions)", fl["blocks"], r["t_blocks"]),
-           row("output head + final norm (128 response rows)", fl["head"], r["t_head"]),
-           row("(head over all 256 rows, as the authors)", fl["head_all"], r["t_head_all"], "not run by the samplers"),
-           row("posterior mean: top-512 (torch.topk, before)", None, t["posterior_topk"], "selection, no FLOPs"),
-           row("posterior mean: top-512 (top_m_values)", None, t["posterior_topm"], "same tokens, sampled threshold"),
-           row("posterior mean: embedding_bag", fl["posterior_bag"], t["posterior_bag"]),
-           row("posterior mean, whole", fl["posterior_bag"], t["posterior"]),
-           row("**whole SDE call**", r["needed_sde_flops"], t["call"],
-               f"{r['sde_call_vs_flop_time']:.2f}× the FLOP time of the needed work")]
-    rm = [head,
-          row("forward: blocks + head on the current block", r["needed_rm_flops"], r["t_remask_forward"]),
-          row("**whole remasking step** (16-step run / 16)", r["needed_rm_flops"], r["t_remask_step"],
-              f"{r['remask_step_vs_flop_time']:.2f}× the FLOP time of the needed work")]
-    sp = ["| SNR γ | kept slots, mean (max) of 32,769 | max abs Δh (max abs h) | dense πWᵀ ms | sparse ms |",
-          "|---|---|---|---|---|"]
-    for s in r["sparse"]:
-        sp.append(f"| {s['gamma']:.2f} | {s['kept_mean']:.1f} ({s['kept_max']}) | {s['max_abs_dh']:.2e} "
-                  f"({s['max_abs_h']:.2f}) | {s['t_dense_ms']:.2f} | {s['t_sparse_ms']:.2f} |")
-    body = "\n".join([
-        f"Command: `{command}` ({r['machine']}). Measured fp32 matmul peak (best `torch.mm`, n ≤ 2048): "
-        f"**{peak:.1f} GFLOP/s**.", "",
-        "One SDE denoiser call (prompt 128 + response 128, batch 1, LLaDA-shaped d_model 256 / 4 layers / V 32,768 / "
-        "d 100); times are medians over the NFE-16 schedule's SNRs. \"Needed work\" = slot logits + dense πWᵀ + "
-        "blocks + head on the response + the top-M weighted sum; the goal is a whole call within 1.5× of its FLOP "
-        "time at the measured peak.", "", *sde, "", "One LLaDA remasking step (16 steps, one 128-token block):", "",
-        *rm, "",
-        f"Sparse converter at tolerance {r['tolerance']:g} (`SDEConfig.converter_tolerance`; off by default) at the "
-        "same states:", "", *sp, "",
-        f"NFE-16 SDE run on this model with vs without the sparse converter: "
-        f"{'identical tokens' if r['sparse_same_tokens'] else str(r['sparse_tokens_changed']) + ' of 128 tokens differ'}."])
-    write_section("Roofline: one SDE call and one remasking step", body)
