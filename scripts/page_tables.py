@@ -800,12 +800,9 @@ TABLES = {t.name: t for t in (
 )}
 
 
-_NO_JSON = "run with --write and without --json: the page is the only record of its numbers"
-_PROSE_ONLY = ("the page states medians and ranges only, not the per-round values the script's JSON holds, so no "
-               "exact results file can be transcribed from it")
-
-NOT_GENERATED = (
-)
+NOT_GENERATED: tuple[NotGenerated, ...] = ()
+"""Sections whose tables no results file can render, each with the reason (none now: every table on the pages is
+rendered from `benchmarks/results/`)."""
 
 
 def lint_pages(docs: Path, is_measurement: Callable[[list[str]], bool]) -> tuple[list[str], list[str]]:
