@@ -84,18 +84,23 @@ def counting_reads(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Re
 
 
 @contextlib.contextmanager
-def counting_calls(monkeypatch: pytest.MonkeyPatch, module, *names: str) -> Iterator[collections.Counter[str]]:
+def counting(monkeypatch: pytest.MonkeyPatch, targets) -> Iterator[collections.Counter[str]]:
+    """Count the calls of each (module, function name, label) of `targets`, by label."""
     calls: collections.Counter[str] = collections.Counter()
     with monkeypatch.context() as m:
-        for name in names:
+        for module, name, label in targets:
             real = getattr(module, name)
 
-            def counted(*args, _real=real, _name=name, **kwargs):
-                calls[_name] += 1
+            def counted(*args, _real=real, _label=label, **kwargs):
+                calls[_label] += 1
                 return _real(*args, **kwargs)
 
             m.setattr(module, name, counted)
         yield calls
+
+
+def counting_calls(monkeypatch: pytest.MonkeyPatch, module, *names: str):
+    return counting(monkeypatch, [(module, name, name) for name in names])
 
 
 def source(folder: Path) -> ModelSource:
@@ -189,30 +194,16 @@ def test_each_config_has_its_own_grid():
 
 # -- the context check: once per request ---------------------------------------------------------------------------
 
-CONTEXT_CHECKS = ("check_context_fits",)
-
-
-@contextlib.contextmanager
-def counting_context_checks(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+def counting_context_checks(monkeypatch: pytest.MonkeyPatch):
     """Counts the samplers' and the engine's own context checks (`check_context_fits`, wherever it is called from)
     and the entry check of `generate` (`check_prompt_lengths`)."""
     import dsl_llada.generate.generate_command as generate_command
     import dsl_llada.sampling.common as common
     import dsl_llada.sampling.engine as engine_mod
 
-    calls: collections.Counter[str] = collections.Counter()
-    with monkeypatch.context() as m:
-        for module, name, label in ((common, "check_context_fits", "sampler"),
-                                    (engine_mod, "check_context_fits", "engine"),
-                                    (generate_command, "check_prompt_lengths", "entry")):
-            real = getattr(module, name)
-
-            def counted(*args, _real=real, _label=label, **kwargs):
-                calls[_label] += 1
-                return _real(*args, **kwargs)
-
-            m.setattr(module, name, counted)
-        yield calls
+    return counting(monkeypatch, [(common, "check_context_fits", "sampler"),
+                                  (engine_mod, "check_context_fits", "engine"),
+                                  (generate_command, "check_prompt_lengths", "entry")])
 
 
 @pytest.mark.parametrize("batching", ["continuous", "fixed"])
