@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -44,9 +43,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", nargs="+", default=["native", "avx2", "quick"], choices=list(VARIANTS),
                     help="which demo runs to time, in this order (default: all three)")
     ap.add_argument("--work", required=True, metavar="DIR",
-                    help="a new or empty folder; each variant's demo writes into DIR/VARIANT")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="use a non-empty --work (its variant folders are deleted first) and replace --json")
+                    help="a new or empty folder (never emptied by this script); each variant's demo writes into "
+                         "DIR/VARIANT")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the result with its environment record here")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="most seconds one demo run may take")
     return ap
@@ -59,8 +58,8 @@ def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     work = Path(a.work)
     if work.exists() and not work.is_dir():
         ap.error(f"--work {a.work!r} is a file; give a folder")
-    if work.is_dir() and any(work.iterdir()) and not a.overwrite:
-        ap.error(f"--work {a.work!r} is not empty; give a new folder or pass --overwrite")
+    if work.is_dir() and any(work.iterdir()):  # a timing needs fresh demo folders; nothing here is deleted
+        ap.error(f"--work {a.work!r} is not empty; give a new or empty folder")
     if a.json is not None:
         if Path(a.json).is_dir():
             ap.error(f"--json {a.json!r} is a folder; give a file path")
@@ -86,9 +85,7 @@ def read_demo_record(out: Path) -> dict[str, Any]:
 
 def run_variant(name: str, work: Path, timeout_s: float) -> dict[str, Any]:
     """Run one variant's demo in a fresh process and folder; its wall time, stage timings and environment."""
-    out = work / name
-    if out.exists():
-        shutil.rmtree(out)
+    out = work / name  # new: --work was empty
     argv = demo_argv(name, out)
     env = {**os.environ, **VARIANTS[name][1]}
     log = work / f"{name}.log"

@@ -24,10 +24,13 @@ def _refusal(capsys, argv: list[str]) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_a_non_empty_work_folder_is_refused_without_overwrite(tmp_path, capsys):
-    (tmp_path / "old.txt").write_text("x")
-    assert _refusal(capsys, ["--variants", "quick", "--work", str(tmp_path)]).endswith(
-        f"error: --work {str(tmp_path)!r} is not empty; give a new folder or pass --overwrite")
+def test_a_non_empty_work_folder_is_refused_even_with_overwrite(tmp_path, capsys):
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "quick" / "mine.txt").write_text("x")
+    for extra in ([], ["--overwrite"]):
+        assert _refusal(capsys, ["--variants", "quick", "--work", str(tmp_path), *extra]).endswith(
+            f"error: --work {str(tmp_path)!r} is not empty; give a new or empty folder")
+    assert (tmp_path / "quick" / "mine.txt").read_text() == "x"  # nothing a user made is deleted
 
 
 def test_an_existing_json_a_repeated_variant_and_an_unknown_one_are_refused(tmp_path, capsys):
