@@ -250,3 +250,16 @@ def test_a_library_call_still_checks_its_context(model, monkeypatch):
             engine.submit([1, 2, 3, 4, 5], config)
         engine.submit([1, 2, 3, 4], config, context_checked=True)
         assert dict(calls) == {"sampler": 1, "engine": 1}
+
+
+def test_the_ui_trace_checks_the_context_only_when_its_caller_has_not(folder, monkeypatch):
+    from dsl_llada.serve.trace import run_traced
+
+    handle = open_model(source(folder))
+    model, tok = handle.model, handle.tokenizer
+    config = SDEConfig(nfe=2, gen_length=4, top_m=8)
+    with counting_context_checks(monkeypatch) as calls:
+        run_traced(model, tok, [1, 2, 3], "sde", config, 0, context_checked=True)
+        assert dict(calls) == {}
+        run_traced(model, tok, [1, 2, 3], "sde", config, 0)
+        assert dict(calls) == {"sampler": 1}

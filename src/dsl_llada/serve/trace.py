@@ -49,9 +49,10 @@ def _token_strings(tokenizer, ids: list[int]) -> list[str]:
 
 
 def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDEConfig | RemaskConfig, seed: int,
-               on_step: Callable[[Trace], None] | None = None) -> Trace:
+               on_step: Callable[[Trace], None] | None = None, context_checked: bool = False) -> Trace:
     """Sample one prompt with generator seed `seed` (the server's and `generate`'s seeding), recording every step
-    through the samplers' step callback (`StepInfo`: tokens, committed positions, the step's logits)."""
+    through the samplers' step callback (`StepInfo`: tokens, committed positions, the step's logits).
+    `context_checked`: the caller checked prompt + response against the context already (the UI does)."""
     special = model.special
     trace = Trace(sampler=name)
     L = config.gen_length
@@ -81,7 +82,8 @@ def run_traced(model, tokenizer, prompt_ids: list[int], name: str, config: SDECo
         if on_step is not None:
             on_step(trace)
 
-    batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=model_device(model))
+    batch = PromptBatch.from_lists([prompt_ids], pad_id=special.pad_id, device=model_device(model),
+                                   context_checked=context_checked)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = run_sampler(model, batch, config, generator=[seeded_generator(seed)], callback=callback)

@@ -220,7 +220,8 @@ def _live_factory(model, tokenizer):
         def work():
             init_thread()
             try:
-                result["trace"] = run_traced(model, tokenizer, ids, name, cfg, seed, on_step=on_step)
+                result["trace"] = run_traced(model, tokenizer, ids, name, cfg, seed, on_step=on_step,
+                                             context_checked=True)  # by the settings check
             except Exception as e:  # noqa: BLE001 - shown in the page
                 result["error"] = e
             changed.set()
